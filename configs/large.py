@@ -1,0 +1,13 @@
+"""BERT-Large: L=24 H=1024 A=16 (340M params)."""
+
+from configs import default
+
+
+def get_config():
+  c = default.get_config()
+  c.model.hidden_size = 1024
+  c.model.num_layers = 24
+  c.model.num_heads = 16
+  c.model.intermediate_size = 4096
+  c.model.remat = True
+  return c
