@@ -1,0 +1,85 @@
+"""Orbax checkpoints: train state for resuming, params alone for features.
+
+A checkpoint at step s holds three items:
+  params     the model parameters (enough for feature extraction)
+  opt_state  optimizer state and the root RNG key (only needed to resume)
+  meta       JSON: step, data position, model config, vocabulary, full config
+Keeping params apart lets `restore_params` read them without the optimizer, on
+any number of devices.
+"""
+
+import os
+from typing import Any, Optional
+
+import jax
+import orbax.checkpoint as ocp
+
+from bert_jax.errors import CheckpointError
+
+ITEMS = ("params", "opt_state", "meta")
+
+
+def manager(directory: str, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+  return ocp.CheckpointManager(os.path.abspath(directory), options=options, item_names=ITEMS)
+
+
+def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
+         meta: dict) -> None:
+  """Starts an (async) save; the previous one is waited for by Orbax."""
+  mngr.save(step, force=True, args=ocp.args.Composite(
+      params=ocp.args.StandardSave(params),
+      opt_state=ocp.args.StandardSave(opt_state),
+      meta=ocp.args.JsonSave(meta)))
+
+
+def restore_train_state(mngr: ocp.CheckpointManager, step: int, abstract_params: Any,
+                        abstract_opt_state: Any) -> tuple[Any, Any, dict]:
+  """Restores (params, opt_state, meta) onto the shardings of the abstract trees."""
+  out = mngr.restore(step, args=ocp.args.Composite(
+      params=ocp.args.StandardRestore(abstract_params),
+      opt_state=ocp.args.StandardRestore(abstract_opt_state),
+      meta=ocp.args.JsonRestore()))
+  return out["params"], out["opt_state"], out["meta"]
+
+
+def _checkpoint_root(path: str) -> tuple[str, Optional[int]]:
+  """Accepts a workdir, its checkpoints/ folder, or one step folder."""
+  path = os.path.abspath(path)
+  if not os.path.isdir(path):
+    raise CheckpointError(f"checkpoint {path}: no such directory")
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return os.path.join(path, "checkpoints"), None
+  if os.path.isdir(os.path.join(path, "params")) and os.path.basename(path).isdigit():
+    return os.path.dirname(path), int(os.path.basename(path))
+  return path, None
+
+
+def restore_params(path: str, step: Optional[int] = None,
+                   sharding: Optional[jax.sharding.Sharding] = None) -> tuple[Any, dict]:
+  """Restores only the params (no optimizer state) and the meta of a checkpoint.
+
+  `path` is a workdir, its checkpoints/ folder or a step folder; the newest
+  step unless one is given. Arrays land on `sharding` (default: the first
+  local device), whatever device layout the checkpoint was written with.
+  """
+  root, step_in_path = _checkpoint_root(path)
+  mngr = ocp.CheckpointManager(root, item_names=ITEMS)
+  try:
+    step = step if step is not None else step_in_path
+    step = mngr.latest_step() if step is None else step
+    if step is None or step not in mngr.all_steps():
+      raise CheckpointError(f"checkpoint {root}: no step {step if step is not None else ''} "
+                            f"found (have {list(mngr.all_steps())})")
+    tree = mngr.item_metadata(step)["params"]
+    tree = getattr(tree, "tree", tree)
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
+        tree, is_leaf=lambda m: hasattr(m, "shape"))
+    out = mngr.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+  finally:
+    mngr.close()
+  return out["params"], out["meta"]

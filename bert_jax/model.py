@@ -1,0 +1,261 @@
+"""BERT encoder and pre-training heads as Flax Linen modules.
+
+The model knows nothing of optimizers or meshes: parameters carry logical axis
+names ('vocab', 'embed', 'mlp', 'heads', 'kv', 'length') that
+`bert_jax.sharding` maps onto a device mesh.
+
+Shape legend: B batch, L sequence length, D hidden size, H attention heads,
+K head size (D / H), F feed-forward size, P masked positions, V padded vocab.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.errors import ConfigError
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  vocab_size: int  # real vocabulary size (tokenizer)
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  layer_norm_eps: float = 1e-12
+  initializer_range: float = 0.02
+  gelu_approximate: bool = False
+  vocab_pad_multiple: int = 1
+  dtype: str = "float32"  # compute dtype; parameters are always float32
+  remat: bool = False
+
+  @property
+  def padded_vocab_size(self) -> int:
+    m = max(1, self.vocab_pad_multiple)
+    return -(-self.vocab_size // m) * m
+
+  @property
+  def compute_dtype(self) -> Any:
+    return _DTYPES[self.dtype]
+
+  def validate(self) -> "BertConfig":
+    """Raises ConfigError for a config that cannot work."""
+    positive = ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                "intermediate_size", "max_position_embeddings", "type_vocab_size")
+    for name in positive:
+      value = getattr(self, name)
+      if not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"config.model.{name}={value!r}: expected a positive integer")
+    if self.hidden_size % self.num_heads:
+      raise ConfigError(
+          f"config.model.hidden_size={self.hidden_size} is not divisible by "
+          f"config.model.num_heads={self.num_heads}")
+    for name in ("dropout_rate", "attention_dropout_rate"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)!r}: expected 0 <= rate < 1")
+    if self.dtype not in _DTYPES:
+      raise ConfigError(f"config.model.dtype={self.dtype!r}: expected one of {sorted(_DTYPES)}")
+    return self
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "BertConfig":
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+@flax.struct.dataclass
+class BertOutput:
+  sequence_BxLxD: jax.Array  # last layer
+  pooled_BxD: jax.Array  # tanh(dense([CLS]))
+  hidden_states: Optional[tuple] = None  # embeddings + every layer, if asked
+
+
+@flax.struct.dataclass
+class PreTrainingOutput:
+  mlm_logits_BxPxV: jax.Array  # float32; padded vocab ids get -inf-like logits
+  nsp_logits_Bx2: jax.Array  # float32; 0 = IsNext, 1 = NotNext
+  encoder: BertOutput
+
+
+def _init(config: BertConfig, names: tuple):
+  # The reference initialises every weight from a normal truncated at 2 stddev.
+  return nn.with_logical_partitioning(
+      nn.initializers.truncated_normal(config.initializer_range), names)
+
+
+def _zeros(names: tuple):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def _ones(names: tuple):
+  return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm computed in float32 (as the reference), output in compute dtype."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    return nn.LayerNorm(
+        epsilon=c.layer_norm_eps, dtype=c.compute_dtype, param_dtype=jnp.float32,
+        scale_init=_ones(("embed",)), bias_init=_zeros(("embed",)),
+        name="norm")(x.astype(jnp.float32)).astype(c.compute_dtype)
+
+
+def gelu(config: BertConfig, x):
+  return nn.gelu(x, approximate=config.gelu_approximate)
+
+
+class Embeddings(nn.Module):
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    self.word_embeddings = nn.Embed(
+        c.padded_vocab_size, c.hidden_size, dtype=c.compute_dtype,
+        embedding_init=_init(c, ("vocab", "embed")))
+    self.position_embeddings = nn.Embed(
+        c.max_position_embeddings, c.hidden_size, dtype=c.compute_dtype,
+        embedding_init=_init(c, ("length", "embed")))
+    self.token_type_embeddings = nn.Embed(
+        c.type_vocab_size, c.hidden_size, dtype=c.compute_dtype,
+        embedding_init=_init(c, (None, "embed")))
+    self.LayerNorm = LayerNorm(c)
+    self.dropout = nn.Dropout(c.dropout_rate)
+
+  def __call__(self, ids_BxL, segments_BxL, deterministic: bool):
+    positions_L = jnp.arange(ids_BxL.shape[1])
+    x_BxLxD = (self.word_embeddings(ids_BxL)
+               + self.position_embeddings(positions_L)[None]
+               + self.token_type_embeddings(segments_BxL))
+    return self.dropout(self.LayerNorm(x_BxLxD), deterministic=deterministic)
+
+  def attend(self, x_BxPxD):
+    """Logits against the (tied) token embedding table."""
+    return self.word_embeddings.attend(x_BxPxD)
+
+
+class SelfAttention(nn.Module):
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, bias_Bx1x1xL, deterministic: bool):
+    c = self.config
+    head_dim = c.hidden_size // c.num_heads
+    proj = functools.partial(
+        nn.DenseGeneral, features=(c.num_heads, head_dim), dtype=c.compute_dtype,
+        kernel_init=_init(c, ("embed", "heads", "kv")),
+        bias_init=_zeros(("heads", "kv")))
+    q_BxLxHxK = proj(name="query")(x_BxLxD)
+    k_BxLxHxK = proj(name="key")(x_BxLxD)
+    v_BxLxHxK = proj(name="value")(x_BxLxD)
+    q_BxLxHxK = q_BxLxHxK / jnp.sqrt(head_dim).astype(c.compute_dtype)
+    # Scores and softmax in float32, as the reference does.
+    s_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK,
+                           preferred_element_type=jnp.float32)
+    p_BxHxLxL = jax.nn.softmax(s_BxHxLxL + bias_Bx1x1xL, axis=-1)
+    p_BxHxLxL = nn.Dropout(c.attention_dropout_rate)(
+        p_BxHxLxL, deterministic=deterministic).astype(c.compute_dtype)
+    o_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK)
+    return nn.DenseGeneral(
+        c.hidden_size, axis=(-2, -1), dtype=c.compute_dtype,
+        kernel_init=_init(c, ("heads", "kv", "embed")),
+        bias_init=_zeros(("embed",)), name="output")(o_BxLxHxK)
+
+
+class TransformerLayer(nn.Module):
+  """Post-LayerNorm block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, bias_Bx1x1xL, deterministic: bool):
+    c = self.config
+    drop = nn.Dropout(c.dropout_rate)
+    a_BxLxD = SelfAttention(c, name="attention")(x_BxLxD, bias_Bx1x1xL, deterministic)
+    x_BxLxD = LayerNorm(c, name="attention_LayerNorm")(
+        x_BxLxD + drop(a_BxLxD, deterministic=deterministic))
+    h_BxLxF = nn.Dense(c.intermediate_size, dtype=c.compute_dtype,
+                       kernel_init=_init(c, ("embed", "mlp")),
+                       bias_init=_zeros(("mlp",)), name="intermediate")(x_BxLxD)
+    h_BxLxF = gelu(c, h_BxLxF)
+    o_BxLxD = nn.Dense(c.hidden_size, dtype=c.compute_dtype,
+                       kernel_init=_init(c, ("mlp", "embed")),
+                       bias_init=_zeros(("embed",)), name="output")(h_BxLxF)
+    return LayerNorm(c, name="output_LayerNorm")(
+        x_BxLxD + drop(o_BxLxD, deterministic=deterministic))
+
+
+class BertModel(nn.Module):
+  """The encoder: embeddings, `num_layers` Transformer blocks, tanh pooler."""
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    self.embeddings = Embeddings(c)
+    layer_cls = nn.remat(TransformerLayer, static_argnums=(3,)) if c.remat else TransformerLayer
+    self.layers = [layer_cls(c, name=f"layer_{i}") for i in range(c.num_layers)]
+    self.pooler = nn.Dense(c.hidden_size, dtype=c.compute_dtype,
+                           kernel_init=_init(c, ("embed", "mlp")),
+                           bias_init=_zeros(("mlp",)))
+
+  def __call__(self, ids_BxL, segments_BxL, mask_BxL, deterministic: bool = True,
+               output_hidden_states: bool = False) -> BertOutput:
+    # Additive attention bias: padded keys get a large negative score.
+    bias_Bx1x1xL = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
+    x_BxLxD = self.embeddings(ids_BxL, segments_BxL, deterministic)
+    hidden = [x_BxLxD]
+    for layer in self.layers:
+      x_BxLxD = layer(x_BxLxD, bias_Bx1x1xL, deterministic)
+      hidden.append(x_BxLxD)
+    pooled_BxD = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
+    return BertOutput(x_BxLxD, pooled_BxD,
+                      tuple(hidden) if output_hidden_states else None)
+
+
+class BertForPreTraining(nn.Module):
+  """Encoder + MLM head (tied to token embeddings) + NSP head."""
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    self.bert = BertModel(c)
+    self.mlm_dense = nn.Dense(c.hidden_size, dtype=c.compute_dtype,
+                              kernel_init=_init(c, ("embed", "mlp")),
+                              bias_init=_zeros(("mlp",)))
+    self.mlm_LayerNorm = LayerNorm(c)
+    self.mlm_bias = self.param("mlm_bias", _zeros(("vocab",)), (c.padded_vocab_size,))
+    self.nsp = nn.Dense(2, dtype=jnp.float32, kernel_init=_init(c, ("embed", None)),
+                        bias_init=_zeros((None,)))
+
+  def __call__(self, ids_BxL, segments_BxL, mask_BxL, positions_BxP,
+               deterministic: bool = True, output_hidden_states: bool = False
+               ) -> PreTrainingOutput:
+    c = self.config
+    enc = self.bert(ids_BxL, segments_BxL, mask_BxL, deterministic, output_hidden_states)
+    # Gather the masked positions first: the vocabulary projection, the
+    # largest matmul, then runs on P rows per sequence instead of L.
+    h_BxPxD = jnp.take_along_axis(enc.sequence_BxLxD, positions_BxP[..., None], axis=1)
+    h_BxPxD = self.mlm_LayerNorm(gelu(c, self.mlm_dense(h_BxPxD)))
+    logits_BxPxV = self.bert.embeddings.attend(h_BxPxD).astype(jnp.float32)
+    logits_BxPxV = logits_BxPxV + self.mlm_bias
+    if c.padded_vocab_size != c.vocab_size:  # padding ids are never predicted
+      real_V = jnp.arange(c.padded_vocab_size) < c.vocab_size
+      logits_BxPxV = jnp.where(real_V, logits_BxPxV, -1e9)
+    nsp_Bx2 = self.nsp(enc.pooled_BxD.astype(jnp.float32))
+    return PreTrainingOutput(logits_BxPxV, nsp_Bx2, enc)

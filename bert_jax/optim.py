@@ -1,0 +1,56 @@
+"""Optax optimizer: Adam with decoupled weight decay, the BERT schedule, clipping.
+
+Knows nothing of the model: the weight-decay mask comes from parameter names
+(no decay on LayerNorm parameters or biases, as in the reference).
+"""
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from bert_jax.errors import ConfigError
+
+
+def bert_schedule(learning_rate: float, warmup_steps: int, num_steps: int) -> optax.Schedule:
+  """The reference schedule: linear warmup, then linear decay to 0 at `num_steps`.
+
+  As in google-research/bert, the decay is measured from step 0 and warmup
+  overrides it: lr(s) = lr*s/warmup for s < warmup, else lr*(1 - s/num_steps).
+  """
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    decay = learning_rate * jnp.maximum(0.0, 1.0 - step / num_steps)
+    if warmup_steps <= 0:
+      return decay
+    warm = learning_rate * step / warmup_steps
+    return jnp.where(step < warmup_steps, warm, decay)
+  return schedule
+
+
+def decay_mask(params: Any) -> Any:
+  """True for parameters that get weight decay: not biases, not LayerNorm."""
+  def keep(path, _):
+    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    return not (names[-1] == "bias" or any("layernorm" in n.lower() for n in names))
+  return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def make_optimizer(train: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, Callable]:
+  """Returns (optimizer, learning-rate schedule) from `config.train`."""
+  if train.num_steps <= 0:
+    raise ConfigError(f"config.train.num_steps={train.num_steps}: expected a positive integer")
+  if train.warmup_steps < 0:
+    raise ConfigError(f"config.train.warmup_steps={train.warmup_steps}: expected >= 0")
+  schedule = bert_schedule(train.learning_rate, train.warmup_steps, train.num_steps)
+  tx = optax.chain(
+      optax.clip_by_global_norm(train.max_grad_norm),
+      optax.scale_by_adam(b1=train.b1, b2=train.b2, eps=train.eps),
+      # Decoupled: the decay is added after Adam's scaling, so it is not
+      # rescaled by the second-moment estimate (AdamW, and the reference).
+      optax.add_decayed_weights(train.weight_decay, mask=decay_mask),
+      optax.scale_by_learning_rate(schedule),
+  )
+  return tx, schedule

@@ -1,0 +1,408 @@
+"""Pre-training loop: sharded state, one jitted step per phase, eval, checkpoints.
+
+Shape legend: B global batch, L sequence length, P max predictions, A gradient
+accumulation steps, b = B / A micro-batch, V padded vocabulary.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Callable, Iterator, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from bert_jax import checkpointing, losses, masking, optim, sharding
+from bert_jax.errors import CheckpointError, ConfigError
+from bert_jax.model import BertConfig, BertForPreTraining
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  index: int
+  start: int  # first step (inclusive)
+  end: int  # last step (exclusive)
+  seq_len: int
+  max_predictions: int
+
+
+def phases_from_config(config: ml_collections.ConfigDict) -> list[Phase]:
+  t = config.train
+  fractions, lens, preds = tuple(t.phase_fractions), tuple(t.seq_lens), tuple(t.max_predictions)
+  if not (len(fractions) == len(lens) == len(preds)) or not fractions:
+    raise ConfigError(
+        "config.train.phase_fractions, seq_lens and max_predictions: expected tuples "
+        f"of one equal length, got {fractions}, {lens}, {preds}")
+  if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
+    raise ConfigError(f"config.train.phase_fractions={fractions}: expected positive "
+                      "fractions summing to 1")
+  out, start, acc = [], 0, 0.0
+  for i, (f, seq_len, p) in enumerate(zip(fractions, lens, preds)):
+    if seq_len > config.model.max_position_embeddings:
+      raise ConfigError(
+          f"config.train.seq_lens[{i}]={seq_len} is above "
+          f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
+    if seq_len < 8 or not 0 < p <= seq_len:
+      raise ConfigError(f"config.train.seq_lens[{i}]={seq_len}, max_predictions[{i}]={p}: "
+                        "expected seq_len >= 8 and 0 < max_predictions <= seq_len")
+    acc += f
+    end = t.num_steps if i == len(fractions) - 1 else int(round(acc * t.num_steps))
+    out.append(Phase(i, start, end, int(seq_len), int(p)))
+    start = end
+  return [ph for ph in out if ph.end > ph.start]
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> BertConfig:
+  m = config.model
+  return BertConfig(
+      vocab_size=vocab_size, hidden_size=m.hidden_size, num_layers=m.num_layers,
+      num_heads=m.num_heads, intermediate_size=m.intermediate_size,
+      max_position_embeddings=m.max_position_embeddings, type_vocab_size=m.type_vocab_size,
+      dropout_rate=m.dropout_rate, attention_dropout_rate=m.attention_dropout_rate,
+      layer_norm_eps=m.layer_norm_eps, initializer_range=m.initializer_range,
+      gelu_approximate=m.gelu_approximate, vocab_pad_multiple=m.vocab_pad_multiple,
+      dtype=m.dtype, remat=m.remat).validate()
+
+
+def validate_config(config: ml_collections.ConfigDict) -> list[Phase]:
+  """Everything that can be checked before any file is written."""
+  model_config(config, vocab_size=max(1, config.data.vocab_size))
+  if config.train.batch_size <= 0:
+    raise ConfigError(f"config.train.batch_size={config.train.batch_size}: expected > 0")
+  for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+    if config[name] <= 0:
+      raise ConfigError(f"config.{name}={config[name]}: expected a positive integer")
+  if not 0.0 < config.masking.mask_prob < 1.0:
+    raise ConfigError(f"config.masking.mask_prob={config.masking.mask_prob}: expected 0 < p < 1")
+  optim.make_optimizer(config.train)
+  return phases_from_config(config)
+
+
+# ----------------------------------------------------------------------------
+# State
+
+
+class Trainer:
+  """Owns the mesh, model, optimizer, shardings and compiled steps of one run."""
+
+  def __init__(self, config: ml_collections.ConfigDict, bert_config: BertConfig,
+               special_ids: list[int], mask_id: int,
+               is_continuation: Optional[np.ndarray] = None, mesh=None):
+    self.config = config
+    self.bert_config = bert_config
+    self.model = BertForPreTraining(bert_config)
+    self.tx, self.schedule = optim.make_optimizer(config.train)
+    self.mesh = mesh or sharding.make_mesh(config.mesh.model_parallel)
+    self.rules = sharding.logical_rules(config.mesh.param_sharding)
+    sharding.check_batch(config.train.batch_size, self.mesh, config.train.grad_accum_steps)
+    self.special_ids = list(special_ids)
+    self.mask_id = mask_id
+    self.is_continuation = (None if not config.masking.whole_word
+                            else jnp.asarray(is_continuation))
+    self.train_key, self.eval_key = jax.random.split(jax.random.key(config.seed))
+    self._init_shardings()
+    self._steps: dict = {}
+
+  def _boxed_init(self, key):
+    ids = jnp.zeros((1, 8), jnp.int32)
+    variables = self.model.init({"params": key, "dropout": key}, ids, ids, ids,
+                                jnp.zeros((1, 1), jnp.int32))
+    return variables["params"]
+
+  def _init_shardings(self):
+    boxed = jax.eval_shape(self._boxed_init, self.train_key)
+    with nn.logical_axis_rules(self.rules):
+      self.param_shardings = sharding.tree_shardings(boxed, self.mesh, self.rules)
+    abstract_params = nn.meta.unbox(boxed)
+    abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
+    rep = sharding.replicated(self.mesh)
+    self.opt_shardings = optax.tree_map_params(
+        self.tx, lambda _, s: s, abstract_opt, self.param_shardings,
+        transform_non_params=lambda _: rep)
+    add = lambda tree, shard: jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shard)
+    self.abstract_params = add(abstract_params, self.param_shardings)
+    self.abstract_opt_state = add(abstract_opt, self.opt_shardings)
+
+  def init_state(self) -> tuple[Any, Any]:
+    """Fresh (params, opt_state), created directly in their shardings."""
+    init = jax.jit(lambda k: nn.meta.unbox(self._boxed_init(k)),
+                   out_shardings=self.param_shardings)
+    params = init(jax.random.fold_in(self.train_key, 2**31 - 1))
+    opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
+    return params, opt_state
+
+  # --------------------------------------------------------------------------
+  # Steps
+
+  def _mask(self, key, ids_BxL, max_predictions):
+    return masking.mask_tokens(
+        key, ids_BxL, vocab_size=self.bert_config.vocab_size, mask_id=self.mask_id,
+        special_ids=self.special_ids, max_predictions=max_predictions,
+        mask_prob=self.config.masking.mask_prob, is_continuation_V=self.is_continuation)
+
+  def _sums(self, params, batch, masked, dropout_key, deterministic):
+    out = self.model.apply(
+        {"params": params}, masked.ids_BxL, batch["segment_ids"], batch["input_mask"],
+        masked.positions_BxP, deterministic=deterministic,
+        rngs=None if deterministic else {"dropout": dropout_key})
+    nsp_w = batch.get("example_mask", jnp.ones(batch["input_ids"].shape[0], jnp.float32))
+    return (losses.mlm_sums(out.mlm_logits_BxPxV, masked.labels_BxP, masked.weights_BxP),
+            losses.nsp_sums(out.nsp_logits_Bx2, batch["next_sentence_label"], nsp_w))
+
+  def train_step_fn(self, max_predictions: int) -> Callable:
+    """The jitted step for one phase: (params, opt_state, step, batch) -> new state, metrics."""
+    if max_predictions in self._steps:
+      return self._steps[max_predictions]
+    accum = self.config.train.grad_accum_steps
+
+    def step_fn(params, opt_state, step, batch):
+      key = jax.random.fold_in(self.train_key, step)
+      mask_key, dropout_key = jax.random.split(key)
+      # Mask the whole batch first: the loss is normalised by the global
+      # number of predictions, so accumulated gradients equal one big batch.
+      masked = self._mask(mask_key, batch["input_ids"], max_predictions)
+      mlm_n = jnp.maximum(masked.weights_BxP.sum(), 1.0)
+      nsp_n = float(batch["input_ids"].shape[0])
+
+      def loss_fn(p, micro, m, k):
+        mlm, nsp = self._sums(p, micro, m, k, deterministic=False)
+        return mlm.loss / mlm_n + nsp.loss / nsp_n, (mlm, nsp)
+
+      grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+      if accum == 1:
+        (loss, (mlm, nsp)), grads = grad_fn(params, batch, masked, dropout_key)
+      else:
+        # Micro-batch i takes rows i, i+A, i+2A, ...: each device keeps its rows.
+        split = lambda x: jnp.moveaxis(x.reshape(x.shape[0] // accum, accum, *x.shape[1:]), 1, 0)
+        micro_all = jax.tree.map(split, (batch, masked))
+
+        def body(carry, xs):
+          i, (micro, m) = xs
+          (l, (mlm_i, nsp_i)), g = grad_fn(params, micro, m, jax.random.fold_in(dropout_key, i))
+          return jax.tree.map(jnp.add, carry, (l, (mlm_i, nsp_i), g)), None
+
+        zero = jax.tree.map(jnp.zeros_like, (jnp.float32(0), (
+            losses.Sums(*(jnp.float32(0),) * 3),) * 2, params))
+        (loss, (mlm, nsp), grads), _ = jax.lax.scan(body, zero, (jnp.arange(accum), micro_all))
+      updates, opt_state = self.tx.update(grads, opt_state, params)
+      params = optax.apply_updates(params, updates)
+      metrics = {"loss": loss, "mlm_loss": mlm.loss, "mlm_correct": mlm.correct,
+                 "mlm_count": mlm.count, "nsp_loss": nsp.loss, "nsp_correct": nsp.correct,
+                 "nsp_count": nsp.count, "grad_norm": optax.global_norm(grads),
+                 "learning_rate": self.schedule(step)}
+      return params, opt_state, metrics
+
+    bs = sharding.batch_sharding(self.mesh)
+    rep = sharding.replicated(self.mesh)
+    jitted = jax.jit(step_fn, in_shardings=(self.param_shardings, self.opt_shardings, rep, bs),
+                     out_shardings=(self.param_shardings, self.opt_shardings, rep),
+                     donate_argnums=(0, 1))
+    self._steps[max_predictions] = jitted
+    return jitted
+
+  def eval_step_fn(self, max_predictions: int) -> Callable:
+    key = ("eval", max_predictions)
+    if key in self._steps:
+      return self._steps[key]
+    vocab = self.bert_config.padded_vocab_size
+
+    def step_fn(params, index, batch):
+      masked = self._mask(jax.random.fold_in(self.eval_key, index), batch["input_ids"],
+                          max_predictions)
+      mlm, nsp = self._sums(params, batch, masked, None, deterministic=True)
+      # Label histogram: the best constant guess is the chance level to beat.
+      hist_V = jnp.zeros(vocab, jnp.float32).at[masked.labels_BxP].add(masked.weights_BxP)
+      return {"mlm_loss": mlm.loss, "mlm_correct": mlm.correct, "mlm_count": mlm.count,
+              "nsp_loss": nsp.loss, "nsp_correct": nsp.correct, "nsp_count": nsp.count,
+              "label_hist": hist_V}
+
+    bs = sharding.batch_sharding(self.mesh)
+    rep = sharding.replicated(self.mesh)
+    jitted = jax.jit(step_fn, in_shardings=(self.param_shardings, rep, bs), out_shardings=rep)
+    self._steps[key] = jitted
+    return jitted
+
+  def evaluate(self, params, batches: Iterator[dict], max_predictions: int,
+               max_batches: int = 0) -> dict:
+    step = self.eval_step_fn(max_predictions)
+    total = None
+    for i, local in enumerate(batches):
+      if max_batches and i >= max_batches:
+        break
+      out = step(params, jnp.int32(i), sharding.global_batch(local, self.mesh))
+      total = out if total is None else jax.tree.map(jnp.add, total, out)
+    if total is None:
+      raise ConfigError("evaluation split is empty: expected at least one eval batch")
+    t = jax.device_get(total)
+    return summarize(t) | {"mlm_best_constant_accuracy":
+                           float(t["label_hist"].max() / max(t["mlm_count"], 1.0))}
+
+
+def summarize(sums: dict) -> dict:
+  """(sum, count) metrics -> means."""
+  mlm_n, nsp_n = max(float(sums["mlm_count"]), 1.0), max(float(sums["nsp_count"]), 1.0)
+  out = {"mlm_loss": float(sums["mlm_loss"]) / mlm_n,
+         "mlm_accuracy": float(sums["mlm_correct"]) / mlm_n,
+         "nsp_loss": float(sums["nsp_loss"]) / nsp_n,
+         "nsp_accuracy": float(sums["nsp_correct"]) / nsp_n}
+  out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+  return out
+
+
+# ----------------------------------------------------------------------------
+# The run
+
+
+def _log(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(msg, flush=True)
+
+
+def _prepare_data(config: ml_collections.ConfigDict, workdir: str, phases: list[Phase]):
+  from bert_jax import dataset  # data code imports no JAX; keep it out of module import
+  cache_dir = config.data.cache_dir or os.path.join(workdir, "prepared")
+  seq_lens = sorted({ph.seq_len for ph in phases})
+  if jax.process_count() > 1:
+    # Process 0 prepares first; on a shared filesystem the others then reuse
+    # its files, on local disks each builds the identical (seeded) dataset.
+    from jax.experimental import multihost_utils
+    if jax.process_index() == 0:
+      prepared = dataset.prepare(config.data, seq_lens, cache_dir, config.seed)
+    multihost_utils.sync_global_devices("bert_jax:data_prepared")
+    if jax.process_index() != 0:
+      prepared = dataset.prepare(config.data, seq_lens, cache_dir, config.seed)
+    return prepared
+  return dataset.prepare(config.data, seq_lens, cache_dir, config.seed)
+
+
+def _check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str) -> None:
+  saved = meta.get("model_config", {})
+  for k, v in bert_config.to_dict().items():
+    if k in ("dropout_rate", "attention_dropout_rate", "dtype", "remat"):
+      continue  # may change between runs without changing the parameters
+    if k in saved and saved[k] != v:
+      raise CheckpointError(
+          f"checkpoint {ckpt_dir} has model {k}={saved[k]!r} but the config asks for {v!r}; "
+          "use another --workdir or the original config")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Pre-trains from `config` in `workdir`, resuming from its latest checkpoint.
+
+  Returns the final evaluation metrics.
+  """
+  from bert_jax import input_pipeline
+  from bert_jax.reporting import Reporter
+
+  phases = validate_config(config)  # fail before anything is written
+  mesh = sharding.make_mesh(config.mesh.model_parallel)
+  sharding.check_batch(config.train.batch_size, mesh, config.train.grad_accum_steps)
+
+  prepared = _prepare_data(config, workdir, phases)
+  tok = prepared.tokenizer
+  bert_config = model_config(config, tok.vocab_size)
+  trainer = Trainer(config, bert_config, tok.special_ids(), tok.mask_id,
+                    tok.is_continuation() if config.masking.whole_word else None, mesh)
+  n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(trainer.abstract_params))
+  _log(f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
+       f"{bert_config.num_heads} heads, vocab {tok.vocab_size} -> {n_params / 1e6:.2f}M params; "
+       f"{jax.device_count()} {jax.devices()[0].platform} devices, mesh {dict(mesh.shape)}")
+
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  mngr = checkpointing.manager(ckpt_dir, keep=config.keep_checkpoints)
+  reporter = Reporter(workdir)
+  step, position = 0, 0
+  latest = mngr.latest_step()
+  if latest is not None:
+    # Model shape first: a mismatch should be one clear line, not an Orbax error.
+    meta = mngr.restore(latest, args=checkpointing.ocp.args.Composite(
+        meta=checkpointing.ocp.args.JsonRestore()))["meta"]
+    _check_resume_compatible(meta, bert_config, ckpt_dir)
+    params, opt_state, meta = checkpointing.restore_train_state(
+        mngr, latest, trainer.abstract_params, trainer.abstract_opt_state)
+    opt_state, step, position = opt_state["opt_state"], int(meta["step"]), int(meta["data_position"])
+    reporter.truncate(step)
+    _log(f"resumed from {ckpt_dir} at step {step} (data position {position})")
+  else:
+    params, opt_state = trainer.init_state()
+
+  meta_base = {"model_config": bert_config.to_dict(), "vocab": tok.vocab,
+               "lowercase": tok.lowercase, "seed": config.seed,
+               "config": json.loads(config.to_json())}
+  rng_data = jax.random.key_data(trainer.train_key)
+
+  def save(step, phase, position):
+    checkpointing.save(mngr, step, params, {"opt_state": opt_state, "rng": rng_data},
+                       {**meta_base, "step": step, "phase": phase.index,
+                        "data_position": position})
+
+  from tqdm import tqdm
+  bar = tqdm(total=config.train.num_steps, initial=step, unit="step", dynamic_ncols=True,
+             disable=not config.progress_bar or jax.process_index() != 0)
+  B = config.train.batch_size
+  pending, t_last, n_last = [], time.perf_counter(), step
+  for phase in phases:
+    if step >= phase.end:
+      continue
+    start_batch = position if step > phase.start else 0
+    it = input_pipeline.TrainIterator(
+        prepared.train[phase.seq_len], B, seed=config.seed + phase.index,
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        start_batch=start_batch)
+    step_fn = trainer.train_step_fn(phase.max_predictions)
+    if step == phase.start or start_batch:
+      _log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
+           f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
+    while step < phase.end:
+      batch = sharding.global_batch(next(it), mesh)
+      params, opt_state, metrics = step_fn(params, opt_state, jnp.int32(step), batch)
+      step += 1
+      pending.append(metrics)
+      bar.update(1)
+      if step % config.log_every == 0 or step == phase.end:
+        sums = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(pending))
+        now = time.perf_counter()
+        m = summarize(sums) | {
+            "loss": sums["loss"] / len(pending),
+            "grad_norm": sums["grad_norm"] / len(pending),
+            "learning_rate": float(jax.device_get(pending[-1]["learning_rate"])),
+            "sequences_per_sec": (step - n_last) * B / max(now - t_last, 1e-9)}
+        pending, t_last, n_last = [], now, step
+        reporter.write("train", step, m)
+        bar.set_postfix(loss=f"{m['loss']:.3f}", mlm_acc=f"{m['mlm_accuracy']:.3f}",
+                        nsp_acc=f"{m['nsp_accuracy']:.3f}", seq_s=f"{m['sequences_per_sec']:.0f}")
+      if step % config.checkpoint_every == 0 or step == config.train.num_steps:
+        save(step, phase, it.position)
+      if step % config.eval_every == 0 and step < config.train.num_steps:
+        ev = trainer.evaluate(params, input_pipeline.eval_batches(
+            prepared.eval[phase.seq_len], B, jax.process_index(), jax.process_count()),
+            phase.max_predictions, config.eval_batches)
+        reporter.write("eval", step, ev)
+        bar.write(f"eval @ {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+    position = 0
+  bar.close()
+
+  last = phases[-1]
+  if mngr.latest_step() != step:  # e.g. a finished run started again
+    save(step, last, 0)
+  ev = trainer.evaluate(params, input_pipeline.eval_batches(
+      prepared.eval[last.seq_len], B, jax.process_index(), jax.process_count()),
+      last.max_predictions, config.eval_batches)
+  reporter.write("eval", step, ev)
+  mngr.wait_until_finished()
+  mngr.close()
+  plot = reporter.plot(step)
+  reporter.close()
+  _log(f"final eval @ step {step}: MLM accuracy {ev['mlm_accuracy']:.4f} "
+       f"(best constant guess {ev['mlm_best_constant_accuracy']:.4f}), "
+       f"NSP accuracy {ev['nsp_accuracy']:.4f}, MLM loss {ev['mlm_loss']:.4f}, "
+       f"NSP loss {ev['nsp_loss']:.4f}")
+  _log(f"checkpoints: {ckpt_dir}; TensorBoard: {os.path.join(workdir, 'tensorboard')}; plot: {plot}")
+  return ev
