@@ -31,10 +31,14 @@ def bert_schedule(learning_rate: float, warmup_steps: int, num_steps: int) -> op
 
 
 def decay_mask(params: Any) -> Any:
-  """True for parameters that get weight decay: not biases, not LayerNorm."""
+  """True for parameters that get weight decay: not biases, not LayerNorm.
+
+  As the reference (a regex search of "bias", "LayerNorm", "layer_norm" in the
+  parameter name), so the MLM output bias is not decayed either.
+  """
   def keep(path, _):
-    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-    return not (names[-1] == "bias" or any("layernorm" in n.lower() for n in names))
+    name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path).lower()
+    return not any(s in name for s in ("bias", "layernorm", "layer_norm"))
   return jax.tree_util.tree_map_with_path(keep, params)
 
 

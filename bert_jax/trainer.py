@@ -195,7 +195,7 @@ class Trainer:
       params = optax.apply_updates(params, updates)
       metrics = {"loss": loss, "mlm_loss": mlm.loss, "mlm_correct": mlm.correct,
                  "mlm_count": mlm.count, "nsp_loss": nsp.loss, "nsp_correct": nsp.correct,
-                 "nsp_count": nsp.count, "grad_norm": optax.global_norm(grads),
+                 "nsp_count": nsp.count, "grad_norm": optax.tree.norm(grads),
                  "learning_rate": self.schedule(step)}
       return params, opt_state, metrics
 

@@ -1,0 +1,113 @@
+"""Model invariants: padding, shapes and sizes, dtypes, config errors."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.errors import ConfigError
+from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+
+SMALL = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4,
+                   intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=128)
+
+
+def _init(config, length=16, model_cls=BertForPreTraining):
+  ids = jnp.ones((2, length), jnp.int32)
+  args = (ids, ids, ids) + ((jnp.zeros((2, 3), jnp.int32),) if model_cls is BertForPreTraining else ())
+  return nn.meta.unbox(model_cls(config).init(jax.random.key(0), *args))["params"]
+
+
+def _n_params(config):
+  ids = jnp.ones((1, 8), jnp.int32)
+  shapes = jax.eval_shape(lambda: BertForPreTraining(config).init(
+      jax.random.key(0), ids, ids, ids, jnp.zeros((1, 1), jnp.int32)))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.meta.unbox(shapes)))
+
+
+def test_padding_does_not_change_outputs_at_real_positions():
+  params = _init(SMALL, model_cls=BertModel)
+  rs = np.random.RandomState(0)
+  ids = rs.randint(5, 300, size=(2, 10)).astype(np.int32)
+  seg = np.zeros_like(ids)
+  seg[:, 5:] = 1
+  short = BertModel(SMALL).apply({"params": params}, ids, seg, np.ones_like(ids))
+  pad = lambda x, v: np.pad(x, ((0, 0), (0, 6)), constant_values=v)
+  padded = BertModel(SMALL).apply({"params": params}, pad(ids, 0), pad(seg, 0), pad(np.ones_like(ids), 0))
+  np.testing.assert_allclose(padded.sequence_BxLxD[:, :10], short.sequence_BxLxD, atol=1e-5)
+  np.testing.assert_allclose(padded.pooled_BxD, short.pooled_BxD, atol=1e-5)
+
+
+def test_bert_base_has_110m_parameters():
+  # The reference counts ~110M for BERT-Base with a 30,522 word-piece vocab.
+  assert abs(_n_params(BertConfig(vocab_size=30522)) / 110.1e6 - 1) < 0.01
+
+
+def test_bert_large_has_335m_parameters():
+  large = BertConfig(vocab_size=30522, hidden_size=1024, num_layers=24, num_heads=16,
+                     intermediate_size=4096)
+  assert abs(_n_params(large) / 335.1e6 - 1) < 0.01
+
+
+def test_padded_vocabulary_ids_are_never_predicted():
+  params = _init(SMALL)
+  ids = jnp.full((2, 16), 7, jnp.int32)
+  out = BertForPreTraining(SMALL).apply({"params": params}, ids, ids * 0, ids * 0 + 1,
+                                        jnp.zeros((2, 3), jnp.int32))
+  assert out.mlm_logits_BxPxV.shape == (2, 3, 384)
+  assert (out.mlm_logits_BxPxV[..., 300:] < -1e8).all()
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+  cfg = BertConfig(**{**SMALL.to_dict(), "dtype": "bfloat16"})
+  params = _init(cfg)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+  ids = jnp.full((2, 16), 7, jnp.int32)
+  out = BertForPreTraining(cfg).apply({"params": params}, ids, ids * 0, ids * 0 + 1,
+                                      jnp.zeros((2, 3), jnp.int32))
+  assert out.mlm_logits_BxPxV.dtype == jnp.float32
+  assert out.encoder.sequence_BxLxD.dtype == jnp.bfloat16
+
+
+def test_remat_gives_the_same_outputs():
+  cfg = BertConfig(**{**SMALL.to_dict(), "remat": True})
+  params = _init(SMALL)
+  ids = jnp.arange(32, dtype=jnp.int32).reshape(2, 16) + 5
+  pos = jnp.ones((2, 3), jnp.int32)
+  a = BertForPreTraining(SMALL).apply({"params": params}, ids, ids * 0, ids * 0 + 1, pos)
+  b = BertForPreTraining(cfg).apply({"params": params}, ids, ids * 0, ids * 0 + 1, pos)
+  np.testing.assert_allclose(a.mlm_logits_BxPxV, b.mlm_logits_BxPxV, atol=1e-6)
+
+
+def test_hidden_states_cover_embeddings_and_every_layer():
+  params = _init(SMALL, model_cls=BertModel)
+  ids = jnp.full((2, 16), 7, jnp.int32)
+  out = BertModel(SMALL).apply({"params": params}, ids, ids * 0, ids * 0 + 1,
+                               output_hidden_states=True)
+  assert len(out.hidden_states) == SMALL.num_layers + 1
+  np.testing.assert_array_equal(out.hidden_states[-1], out.sequence_BxLxD)
+
+
+def test_dropout_is_active_only_when_not_deterministic():
+  params = _init(SMALL)
+  ids = jnp.full((2, 16), 7, jnp.int32)
+  args = (ids, ids * 0, ids * 0 + 1, jnp.zeros((2, 3), jnp.int32))
+  model = BertForPreTraining(SMALL)
+  det = model.apply({"params": params}, *args, deterministic=True)
+  d1 = model.apply({"params": params}, *args, deterministic=False, rngs={"dropout": jax.random.key(1)})
+  d2 = model.apply({"params": params}, *args, deterministic=False, rngs={"dropout": jax.random.key(2)})
+  assert not np.allclose(d1.nsp_logits_Bx2, d2.nsp_logits_Bx2)
+  np.testing.assert_array_equal(det.nsp_logits_Bx2,
+                                model.apply({"params": params}, *args).nsp_logits_Bx2)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"hidden_size": 30}, "num_heads"),
+    ({"num_layers": 0}, "num_layers"),
+    ({"dropout_rate": 1.5}, "dropout_rate"),
+    ({"dtype": "float64"}, "dtype"),
+])
+def test_impossible_model_config_names_the_field(change, field):
+  with pytest.raises(ConfigError, match=field):
+    BertConfig(**{**SMALL.to_dict(), **change}).validate()
