@@ -1,0 +1,207 @@
+"""WordPiece tokenizer (BERT's), built on HuggingFace `tokenizers`.
+
+One `Tokenizer` is either trained on a corpus or loaded from a google-style
+`vocab.txt`; both are rebuilt from the same token list so a saved and reloaded
+tokenizer gives identical ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+from bert_jax.errors import ConfigError
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+CONTINUATION_PREFIX = "##"
+VOCAB_FILE = "vocab.txt"
+CONFIG_FILE = "tokenizer_config.json"
+# Longer "words" (URLs, base64, ...) become [UNK] rather than dozens of pieces.
+_MAX_CHARS_PER_WORD = 100
+
+
+class Tokenizer:
+  """BERT WordPiece: normalize, split on whitespace/punctuation, word pieces."""
+
+  def __init__(self, vocab: Sequence[str], lowercase: bool, source: str = "vocabulary"):
+    """Builds from tokens in id order; `source` names the vocab in errors."""
+    self._vocab = list(vocab)
+    self._lowercase = bool(lowercase)
+    ids: dict[str, int] = {}
+    for i, tok in enumerate(self._vocab):
+      if tok in ids:
+        raise ConfigError(f"{source}: token {tok!r} at id {i} repeats id {ids[tok]}")
+      ids[tok] = i
+    missing = [t for t in SPECIAL_TOKENS if t not in ids]
+    if missing:
+      raise ConfigError(
+          f"{source} has no {missing[0]} token (BERT needs {', '.join(SPECIAL_TOKENS)})")
+    if ids[PAD] != 0:
+      raise ConfigError(f"{source} has {PAD} at id {ids[PAD]}; expected id 0 (padding is 0)")
+    self._ids = ids
+    hf = tokenizers.Tokenizer(models.WordPiece(
+        vocab=ids, unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX,
+        max_input_chars_per_word=_MAX_CHARS_PER_WORD))
+    hf.normalizer = _normalizer(self._lowercase)
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    hf.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
+    # Keeps "[MASK]" etc. atomic when they appear in text given to encode().
+    hf.add_special_tokens(list(SPECIAL_TOKENS))
+    self._hf = hf
+
+  # --- construction ---
+
+  @classmethod
+  def train(cls, texts: Iterable[str], vocab_size: int, lowercase: bool) -> Tokenizer:
+    """Learns a WordPiece vocab of at most `vocab_size` tokens, specials first."""
+    if vocab_size <= len(SPECIAL_TOKENS):
+      raise ConfigError(
+          f"data.vocab_size must be more than {len(SPECIAL_TOKENS)}, got {vocab_size}")
+    hf = tokenizers.Tokenizer(models.WordPiece(
+        unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
+    hf.normalizer = _normalizer(lowercase)
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+        continuing_subword_prefix=CONTINUATION_PREFIX, show_progress=False)
+    hf.train_from_iterator(texts, trainer=trainer)
+    by_id = sorted(hf.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    vocab = [tok for tok, _ in by_id]
+    # The trainer can exceed the target when the corpus alphabet alone is bigger.
+    return cls(vocab[:vocab_size], lowercase, source="trained vocabulary")
+
+  @classmethod
+  def from_vocab_file(cls, path: str, lowercase: bool) -> Tokenizer:
+    """Loads a google-style vocab.txt (one token per line; line number = id)."""
+    if not os.path.exists(path):
+      raise ConfigError(f"vocab file '{path}' does not exist")
+    if os.path.isdir(path):
+      raise ConfigError(f"vocab file '{path}' is a directory; expected a vocab.txt file")
+    try:
+      with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    except UnicodeDecodeError as e:
+      raise ConfigError(f"vocab file '{path}' is not UTF-8 (byte offset {e.start})") from None
+    vocab: list[str] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(lines, start=1):
+      tok = line.strip()
+      if not tok:
+        raise ConfigError(f"vocab file '{path}' line {lineno} is blank; expected one token")
+      if tok in seen:
+        raise ConfigError(
+            f"vocab file '{path}' line {lineno} repeats token {tok!r} (first on line {seen[tok]})")
+      seen[tok] = lineno
+      vocab.append(tok)
+    return cls(vocab, lowercase, source=f"vocab file '{path}'")
+
+  @classmethod
+  def load(cls, directory: str) -> Tokenizer:
+    """Reads back what `save` wrote."""
+    config_path = os.path.join(directory, CONFIG_FILE)
+    try:
+      with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+      lowercase = config["lowercase"]
+    except (OSError, ValueError, KeyError, TypeError):
+      raise ConfigError(
+          f"tokenizer config '{config_path}' is missing or not JSON with a 'lowercase' field"
+      ) from None
+    return cls.from_vocab_file(os.path.join(directory, VOCAB_FILE), bool(lowercase))
+
+  def save(self, directory: str) -> str:
+    """Writes vocab.txt and tokenizer_config.json; returns the vocab.txt path."""
+    os.makedirs(directory, exist_ok=True)
+    vocab_path = os.path.join(directory, VOCAB_FILE)
+    _write_atomic(vocab_path, "".join(tok + "\n" for tok in self._vocab))
+    _write_atomic(os.path.join(directory, CONFIG_FILE),
+                  json.dumps({"lowercase": self._lowercase}) + "\n")
+    return vocab_path
+
+  # --- encoding ---
+
+  def encode(self, text: str) -> list[int]:
+    """Word-piece ids of `text`, no special tokens added."""
+    return self._hf.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Like `encode` for many texts, in parallel inside the library."""
+    return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+
+  def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+    """Text of `ids` with word pieces joined."""
+    return self._hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+  def id_to_token(self, i: int) -> str:
+    return self._vocab[int(i)]
+
+  def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+    return [self._vocab[int(i)] for i in ids]
+
+  def token_to_id(self, token: str) -> int | None:
+    return self._ids.get(token)
+
+  # --- vocabulary facts ---
+
+  @property
+  def vocab(self) -> list[str]:
+    """Tokens in id order."""
+    return list(self._vocab)
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self._vocab)
+
+  @property
+  def lowercase(self) -> bool:
+    return self._lowercase
+
+  @property
+  def pad_id(self) -> int:
+    return self._ids[PAD]
+
+  @property
+  def unk_id(self) -> int:
+    return self._ids[UNK]
+
+  @property
+  def cls_id(self) -> int:
+    return self._ids[CLS]
+
+  @property
+  def sep_id(self) -> int:
+    return self._ids[SEP]
+
+  @property
+  def mask_id(self) -> int:
+    return self._ids[MASK]
+
+  def special_ids(self) -> list[int]:
+    """Ids of [PAD], [UNK], [CLS], [SEP], [MASK] in that order."""
+    return [self._ids[t] for t in SPECIAL_TOKENS]
+
+  def is_continuation(self) -> np.ndarray:
+    """bool [vocab_size]: True for `##` pieces (they continue the previous word)."""
+    return np.array([t.startswith(CONTINUATION_PREFIX) for t in self._vocab], dtype=bool)
+
+  def __repr__(self) -> str:
+    return f"Tokenizer(vocab_size={self.vocab_size}, lowercase={self._lowercase})"
+
+
+def _normalizer(lowercase: bool) -> normalizers.Normalizer:
+  return normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase)
+
+
+def _write_atomic(path: str, text: str) -> None:
+  # A crash mid-write must never leave a truncated vocab that a later run loads.
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)

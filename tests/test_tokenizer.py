@@ -1,0 +1,151 @@
+"""WordPiece tokenizer: special ids, training, vocab.txt loading, round trips."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bert_jax.errors import ConfigError
+from bert_jax.tokenizer import Tokenizer
+
+TEXTS = [
+    "The cat sat on the warm mat.",
+    "A small dog ran across the green field after the ball.",
+    "Unbelievable things happen when nobody is watching the unbelievers.",
+    "Running, runner, runs and ran are forms of run.",
+] * 20
+
+# A google-style vocab with bert-base-uncased's special layout: [PAD] 0,
+# [unused*] fillers, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103.
+BASE_LAYOUT = (["[PAD]"] + [f"[unused{i}]" for i in range(99)] +
+               ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+
+
+def write_vocab(tmp_path, tokens, name="vocab.txt"):
+  path = tmp_path / name
+  path.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+  return str(path)
+
+
+def trained(vocab_size=120, lowercase=True):
+  return Tokenizer.train(TEXTS, vocab_size=vocab_size, lowercase=lowercase)
+
+
+def test_trained_vocab_puts_specials_first_in_order():
+  tok = trained()
+  assert tok.vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+  assert tok.special_ids() == [0, 1, 2, 3, 4]
+
+
+def test_trained_vocab_has_exactly_vocab_size_when_corpus_is_big_enough():
+  assert trained(vocab_size=80).vocab_size == 80
+
+
+def test_trained_vocab_is_smaller_when_corpus_is_tiny():
+  tok = Tokenizer.train(["a b"], vocab_size=1000, lowercase=True)
+  assert tok.vocab_size < 1000
+  assert tok.vocab_size == len(tok.vocab)
+
+
+def test_train_rejects_vocab_size_not_above_specials():
+  with pytest.raises(ConfigError, match="vocab_size"):
+    Tokenizer.train(TEXTS, vocab_size=5, lowercase=True)
+
+
+def test_encode_adds_no_special_tokens():
+  tok = trained()
+  ids = tok.encode("the cat sat")
+  assert ids and not set(ids) & set(tok.special_ids())
+
+
+def test_encode_batch_matches_encode():
+  tok = trained()
+  texts = ["The cat sat.", "", "unbelievable runners"]
+  assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+
+
+def test_is_continuation_marks_exactly_the_hash_hash_pieces():
+  tok = trained()
+  cont = tok.is_continuation()
+  assert cont.dtype == np.bool_ and cont.shape == (tok.vocab_size,)
+  assert cont.tolist() == [t.startswith("##") for t in tok.vocab]
+  assert cont.any()
+
+
+def test_decode_joins_word_pieces_back_into_words():
+  tok = trained()
+  assert tok.decode(tok.encode("unbelievable runners")) == "unbelievable runners"
+
+
+def test_save_writes_vocab_txt_in_id_order_and_config(tmp_path):
+  tok = trained(lowercase=False)
+  path = tok.save(str(tmp_path / "tok"))
+  assert path == str(tmp_path / "tok" / "vocab.txt")
+  assert (tmp_path / "tok" / "vocab.txt").read_text(encoding="utf-8").splitlines() == tok.vocab
+  config = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())
+  assert config == {"lowercase": False}
+
+
+def test_save_load_round_trip_gives_identical_ids(tmp_path):
+  tok = trained()
+  tok.save(str(tmp_path))
+  loaded = Tokenizer.load(str(tmp_path))
+  assert loaded.vocab == tok.vocab
+  assert loaded.lowercase == tok.lowercase
+  assert loaded.encode_batch(TEXTS[:4]) == tok.encode_batch(TEXTS[:4])
+  assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+def test_vocab_file_keeps_its_own_special_ids(tmp_path):
+  tok = Tokenizer.from_vocab_file(write_vocab(tmp_path, BASE_LAYOUT + ["hello"]), True)
+  assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 100, 101, 102, 103)
+  assert tok.encode("hello") == [104]
+
+
+def test_vocab_file_with_lowercase_lowercases_and_strips_accents(tmp_path):
+  tok = Tokenizer.from_vocab_file(write_vocab(tmp_path, BASE_LAYOUT + ["hello", "cafe"]), True)
+  assert tok.convert_ids_to_tokens(tok.encode("HeLLo Café")) == ["hello", "cafe"]
+
+
+def test_vocab_file_without_lowercase_keeps_case(tmp_path):
+  vocab = BASE_LAYOUT + ["hello", "Hello", "##LO", "He"]
+  tok = Tokenizer.from_vocab_file(write_vocab(tmp_path, vocab), False)
+  assert tok.convert_ids_to_tokens(tok.encode("Hello hello HeLO")) == [
+      "Hello", "hello", "He", "##LO"]
+
+
+def test_unknown_word_becomes_unk(tmp_path):
+  tok = Tokenizer.from_vocab_file(write_vocab(tmp_path, BASE_LAYOUT + ["hello"]), True)
+  assert tok.encode("hello zebra") == [104, tok.unk_id]
+
+
+def test_vocab_file_missing_mask_raises_naming_file_and_token(tmp_path):
+  path = write_vocab(tmp_path, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello"])
+  with pytest.raises(ConfigError, match=r"vocab\.txt.*\[MASK\]") as e:
+    Tokenizer.from_vocab_file(path, True)
+  assert "\n" not in str(e.value)
+
+
+def test_vocab_file_duplicate_token_raises_naming_file_and_line(tmp_path):
+  path = write_vocab(tmp_path, BASE_LAYOUT + ["hello", "world", "hello"])
+  with pytest.raises(ConfigError, match=r"vocab\.txt' line 107 repeats token 'hello'"):
+    Tokenizer.from_vocab_file(path, True)
+
+
+def test_vocab_file_pad_not_at_id_zero_raises(tmp_path):
+  path = write_vocab(tmp_path, ["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]"])
+  with pytest.raises(ConfigError, match=r"vocab\.txt.*\[PAD\] at id 1"):
+    Tokenizer.from_vocab_file(path, True)
+
+
+def test_missing_vocab_file_raises_naming_it(tmp_path):
+  with pytest.raises(ConfigError, match="nope.txt"):
+    Tokenizer.from_vocab_file(str(tmp_path / "nope.txt"), True)
+
+
+def test_load_without_config_raises_naming_it(tmp_path):
+  write_vocab(tmp_path, BASE_LAYOUT)
+  with pytest.raises(ConfigError, match="tokenizer_config.json"):
+    Tokenizer.load(str(tmp_path))
