@@ -1,0 +1,222 @@
+"""Corpus reading: formats, the built-in and TFDS sources, and every input error."""
+
+import os
+
+import pytest
+
+from bert_jax import corpus
+from bert_jax.errors import ConfigError, CorpusError
+
+SHIPPED = os.path.join(os.path.dirname(__file__), os.pardir, "data", "corpus.txt")
+
+
+def write(tmp_path, content, name="corpus.txt"):
+  path = tmp_path / name
+  if isinstance(content, str):
+    content = content.encode("utf-8")
+  path.write_bytes(content)
+  return str(path)
+
+
+def read(spec, **kwargs):
+  return list(corpus.read_documents(spec, **kwargs))
+
+
+# --- formats ---
+
+
+def test_plain_format_splits_documents_on_blank_lines(tmp_path):
+  path = write(tmp_path, "one.\ntwo.\n\n\n\nthree.\n  \nfour.\nfive.\n")
+  assert read(path, fmt="plain") == [["one.", "two."], ["three."], ["four.", "five."]]
+
+
+def test_tab_format_makes_each_line_a_two_sentence_document(tmp_path):
+  path = write(tmp_path, "the cat sat\ton the mat\n\na dog\tran  away\n")
+  assert read(path, fmt="tab") == [["the cat sat", "on the mat"], ["a dog", "ran away"]]
+
+
+def test_auto_detects_tab_when_every_line_has_one_tab(tmp_path):
+  path = write(tmp_path, "a b\tc d\ne f\tg h\n")
+  assert corpus.detect_format(path) == "tab"
+  assert read(path) == [["a b", "c d"], ["e f", "g h"]]
+
+
+def test_auto_detects_plain_when_a_line_has_no_tab(tmp_path):
+  path = write(tmp_path, "a b\tc d\nno tab here\n")
+  assert corpus.detect_format(path) == "plain"
+  assert read(path) == [["a b c d", "no tab here"]]
+
+
+def test_shipped_corpus_is_tab_format_with_enough_lines():
+  assert corpus.detect_format(SHIPPED) == "tab"
+  docs = read(SHIPPED)
+  assert 60 <= len(docs) <= 100
+  assert all(len(d) == 2 and all(d) for d in docs)
+
+
+def test_control_characters_are_stripped_not_fatal(tmp_path):
+  path = write(tmp_path, "he\x00llo\x07 world.\r\nnext\x1b line.\n")
+  assert read(path, fmt="plain") == [["hello world.", "next line."]]
+
+
+def test_max_documents_caps_the_documents(tmp_path):
+  path = write(tmp_path, "".join(f"line {i}\tmore {i}\n" for i in range(10)))
+  assert len(read(path, max_documents=3)) == 3
+
+
+def test_file_is_streamed_not_read_whole(tmp_path):
+  # The first document comes back before the reader reaches the bad bytes.
+  path = write(tmp_path, b"first doc.\n\n" + b"x" * 100 + b"\n\xff\n")
+  docs = corpus.read_documents(path, fmt="plain")
+  assert next(docs) == ["first doc."]
+  with pytest.raises(CorpusError):
+    next(docs)
+
+
+# --- built-in ---
+
+
+def test_builtin_yields_topics_as_documents_of_sentences():
+  docs = read("builtin")
+  assert len(docs) >= 50
+  sentences = [s for d in docs for s in d]
+  assert all(s.strip() == s and s for s in sentences)
+  assert sum(len(s) for s in sentences) > 200_000
+
+
+def test_builtin_drops_rest_decoration_and_code():
+  text = " ".join(s for d in read("builtin") for s in d)
+  assert "*****" not in text and "=====" not in text and ">>>" not in text
+
+
+def test_split_sentences_splits_paragraphs_and_sentence_ends():
+  text = "First one. Second one!\nstill second?  Third (yes).\n\nNew para\n===="
+  assert corpus.split_sentences(text) == [
+      "First one.", "Second one! still second?", "Third (yes).", "New para"]
+
+
+# --- errors: one line, naming the file ---
+
+
+def assert_names_file(error, path):
+  message = str(error.value)
+  assert path in message and "\n" not in message
+
+
+def test_missing_file_raises_naming_it(tmp_path):
+  path = str(tmp_path / "missing.txt")
+  with pytest.raises(CorpusError, match="does not exist") as e:
+    corpus.read_documents(path)
+  assert_names_file(e, path)
+
+
+def test_directory_raises_naming_it(tmp_path):
+  with pytest.raises(CorpusError, match="is a directory") as e:
+    corpus.read_documents(str(tmp_path))
+  assert_names_file(e, str(tmp_path))
+
+
+@pytest.mark.parametrize("content", ["", "\n\n  \n\t\n"], ids=["empty", "blank_lines"])
+@pytest.mark.parametrize("fmt", ["auto", "plain", "tab"])
+def test_file_without_text_raises_naming_it(tmp_path, content, fmt):
+  path = write(tmp_path, content)
+  with pytest.raises(CorpusError, match="has no text") as e:
+    read(path, fmt=fmt)
+  assert_names_file(e, path)
+
+
+def test_undecodable_bytes_raise_naming_file_line_and_offset(tmp_path):
+  path = write(tmp_path, b"good line.\nbad \xc3\x28 here.\n")
+  with pytest.raises(CorpusError, match=r"not UTF-8.*line 2 \(byte offset 15\)") as e:
+    read(path, fmt="plain")
+  assert_names_file(e, path)
+
+
+def test_tab_line_without_exactly_one_tab_raises_naming_file_and_line(tmp_path):
+  path = write(tmp_path, "a\tb\n\nc\td\te\n")
+  with pytest.raises(CorpusError, match="line 3.*found 2 tabs") as e:
+    read(path, fmt="tab")
+  assert_names_file(e, path)
+
+
+def test_tab_line_with_an_empty_half_raises_naming_file_and_line(tmp_path):
+  path = write(tmp_path, "a\tb\nc\t  \n")
+  with pytest.raises(CorpusError, match="line 2.*empty") as e:
+    read(path, fmt="tab")
+  assert_names_file(e, path)
+
+
+def test_unknown_format_is_a_config_error(tmp_path):
+  with pytest.raises(ConfigError, match="data.format"):
+    corpus.read_documents(write(tmp_path, "a\n"), fmt="csv")
+
+
+# --- TFDS ---
+
+
+def build_toy_tfds(data_dir):
+  """A tiny array_record TFDS dataset with a wikipedia-like `text` feature."""
+  import tensorflow_datasets as tfds
+
+  class ToyWiki(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    VERSION = tfds.core.Version("1.0.0")
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls):
+      return None
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+          {"text": tfds.features.Text(), "title": tfds.features.Text()}),
+                                   disable_shuffling=True)
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      for i in range(3):
+        yield i, {"title": f"t{i}",
+                  "text": f"Article {i} starts. It goes on!\nA second paragraph {i}."}
+
+  builder = ToyWiki(data_dir=str(data_dir), file_format="array_record")
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+      compute_stats=tfds.download.ComputeStatsMode.SKIP))
+  return builder.name
+
+
+@pytest.fixture(scope="module")
+def toy_tfds(tmp_path_factory):
+  data_dir = tmp_path_factory.mktemp("tfds")
+  return build_toy_tfds(data_dir), str(data_dir)
+
+
+def test_tfds_corpus_splits_text_into_paragraph_sentences(toy_tfds):
+  name, data_dir = toy_tfds
+  docs = read(f"tfds:{name}:text", tfds_data_dir=data_dir)
+  assert docs == [[f"Article {i} starts.", "It goes on!", f"A second paragraph {i}."]
+                  for i in range(3)]
+
+
+def test_tfds_feature_defaults_to_text(toy_tfds):
+  name, data_dir = toy_tfds
+  assert len(read(f"tfds:{name}", tfds_data_dir=data_dir, max_documents=2)) == 2
+
+
+def test_tfds_unknown_feature_raises_naming_it(toy_tfds):
+  name, data_dir = toy_tfds
+  with pytest.raises(CorpusError, match="no feature 'body'"):
+    corpus.read_documents(f"tfds:{name}:body", tfds_data_dir=data_dir)
+
+
+def test_tfds_unknown_dataset_raises_naming_it(tmp_path):
+  with pytest.raises(CorpusError, match="unknown TFDS dataset 'xyz_no_such_set'") as e:
+    corpus.read_documents("tfds:xyz_no_such_set:text", tfds_data_dir=str(tmp_path))
+  assert "\n" not in str(e.value)
+
+
+def test_fingerprint_changes_when_the_file_changes(tmp_path):
+  path = write(tmp_path, "a\tb\n")
+  before = corpus.fingerprint(path)
+  write(tmp_path, "a\tb\nc\td\n")
+  assert corpus.fingerprint(path) != before
