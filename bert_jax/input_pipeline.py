@@ -1,0 +1,216 @@
+"""Per-host numpy batches from a random-access source, shuffled and resumable.
+
+A source is anything with `len(src)` and `src[i] -> dict of arrays` (e.g. a
+TFDS array_record data source, or a list of dicts in tests). Batches are a
+pure function of (seed, batch position), computed by index, so resuming at a
+position reproduces exactly the batches an uninterrupted run would have seen.
+Plain numpy and one background thread: `grain` would import jax, and this
+module must not.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from bert_jax.errors import ConfigError, CorpusError
+
+
+def _check_hosts(global_batch_size: int, process_index: int, process_count: int) -> int:
+  if global_batch_size < 1:
+    raise ConfigError(f"train.batch_size must be >= 1, got {global_batch_size}")
+  if not 0 <= process_index < process_count:
+    raise ConfigError(f"process_index {process_index} is not in [0, {process_count})")
+  if global_batch_size % process_count:
+    raise ConfigError(f"train.batch_size {global_batch_size} must be divisible by the "
+                      f"number of hosts ({process_count})")
+  return global_batch_size // process_count
+
+
+def _read(source: Any, indices: Sequence[int]) -> list[dict]:
+  indices = [int(i) for i in indices]
+  getitems = getattr(source, "__getitems__", None)
+  # TFDS array_record sources read many records in one call, much faster.
+  return list(getitems(indices)) if getitems else [source[i] for i in indices]
+
+
+def _stack(examples: list[dict]) -> dict[str, np.ndarray]:
+  batch = {}
+  for key in examples[0]:
+    arr = np.stack([np.asarray(e[key]) for e in examples])
+    # Scalars come back from TFDS as Python ints (int64 once stacked).
+    if arr.dtype.kind in "iu" and arr.dtype != np.int32:
+      arr = arr.astype(np.int32)
+    batch[key] = arr
+  return batch
+
+
+class _Sampler:
+  """Which examples make up each batch, and reading them. Shared with the thread."""
+
+  def __init__(self, source: Any, global_batch_size: int, local: int, offset: int, seed: int):
+    self.source = source
+    self.n = len(source)
+    self.global_batch_size = global_batch_size
+    self.local = local
+    self.offset = offset
+    self.seed = seed
+    self._perms: dict[int, np.ndarray] = {}
+    self._lock = threading.Lock()
+
+  def batch_indices(self, batch: int) -> np.ndarray:
+    flat = batch * self.global_batch_size + self.offset + np.arange(self.local, dtype=np.int64)
+    epochs, offsets = np.divmod(flat, self.n)
+    out = np.empty(self.local, np.int64)
+    for e in np.unique(epochs):
+      sel = epochs == e
+      out[sel] = self._permutation(int(e))[offsets[sel]]
+    return out
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    with self._lock:
+      if epoch not in self._perms:
+        if len(self._perms) >= 2:  # only the current and next epoch are ever needed
+          self._perms.pop(min(self._perms))
+        rng = np.random.default_rng([self.seed % 2**63, epoch])
+        dtype = np.int32 if self.n < 2**31 else np.int64
+        self._perms[epoch] = rng.permutation(self.n).astype(dtype)
+      return self._perms[epoch]
+
+  def make(self, batch: int) -> dict[str, np.ndarray]:
+    return _stack(_read(self.source, self.batch_indices(batch)))
+
+
+def _produce(sampler: _Sampler, out: queue.Queue, stop: threading.Event, batch: int) -> None:
+  # Holds no reference to the TrainIterator, so dropping it stops this thread.
+  while not stop.is_set():
+    try:
+      item: Any = sampler.make(batch)
+    except BaseException as e:  # handed to the consumer, raised there
+      item = e
+    while not stop.is_set():
+      try:
+        out.put(item, timeout=0.1)
+        break
+      except queue.Full:
+        continue
+    if isinstance(item, BaseException):
+      return
+    batch += 1
+
+
+class TrainIterator:
+  """Infinite shuffled per-host batches; `position` counts global batches consumed.
+
+  The data is one endless stream: epoch e is the permutation of all examples
+  drawn from (seed, e), and epochs are concatenated, so a global batch may
+  wrap from the end of one epoch into the next (nothing is dropped, and a
+  source smaller than a batch still works). Global batch b is stream items
+  [b*G, (b+1)*G); host p of P yields items [b*G + p*G/P, b*G + (p+1)*G/P),
+  so hosts read disjoint data whose union is the global batch. `prefetch`
+  batches are read ahead on a background thread (0 = read on demand).
+  """
+
+  def __init__(self, source: Any, global_batch_size: int, seed: int, process_index: int = 0,
+               process_count: int = 1, start_batch: int = 0, prefetch: int = 2):
+    local = _check_hosts(global_batch_size, process_index, process_count)
+    if start_batch < 0:
+      raise ConfigError(f"start_batch must be >= 0, got {start_batch}")
+    if len(source) == 0:
+      raise CorpusError("the training data has no examples")
+    self._sampler = _Sampler(source, global_batch_size, local, process_index * local, int(seed))
+    self._position = int(start_batch)
+    self._prefetch = int(prefetch)
+    self._queue: queue.Queue | None = None
+    self._thread: threading.Thread | None = None
+    self._stop = threading.Event()
+
+  @property
+  def position(self) -> int:
+    """Global batches consumed so far; pass as `start_batch` to resume after them."""
+    return self._position
+
+  @property
+  def epoch(self) -> float:
+    """Passes over the data consumed so far (fractional)."""
+    return self._position * self._sampler.global_batch_size / self._sampler.n
+
+  @property
+  def num_examples(self) -> int:
+    return self._sampler.n
+
+  def batch_indices(self, batch: int) -> np.ndarray:
+    """Source indices of this host's part of global batch `batch`."""
+    return self._sampler.batch_indices(batch)
+
+  def __iter__(self) -> TrainIterator:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self._prefetch <= 0:
+      batch = self._sampler.make(self._position)
+    else:
+      if self._thread is None:
+        self._queue = queue.Queue(maxsize=self._prefetch)
+        self._thread = threading.Thread(
+            target=_produce, args=(self._sampler, self._queue, self._stop, self._position),
+            name="bert-jax-prefetch", daemon=True)
+        self._thread.start()
+      item = self._queue.get()
+      if isinstance(item, BaseException):
+        self.close()
+        raise item
+      batch = item
+    self._position += 1
+    return batch
+
+  def close(self) -> None:
+    """Stops the prefetch thread; a later next() restarts it at `position`."""
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    self._thread, self._queue, self._stop = None, None, threading.Event()
+
+  def __del__(self) -> None:
+    # No join: this may run on any thread; the producer exits on its own.
+    stop = getattr(self, "_stop", None)  # absent if __init__ raised
+    if stop is not None:
+      stop.set()
+
+  def __enter__(self) -> TrainIterator:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def eval_batches(source: Any, global_batch_size: int, process_index: int = 0,
+                 process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+  """One pass in stored order; the last batch is padded with all-zero examples.
+
+  Every batch has `example_mask` float32 [G/P] (1 real, 0 padding). All hosts
+  yield the same number of batches, ceil(len(source) / G), so they stay in
+  step in collective ops.
+  """
+  local = _check_hosts(global_batch_size, process_index, process_count)
+  return _eval_batches(source, global_batch_size, local, process_index * local)
+
+
+def _eval_batches(source: Any, global_batch_size: int, local: int,
+                  offset: int) -> Iterator[dict[str, np.ndarray]]:
+  n = len(source)
+  if n == 0:
+    return
+  zero = {k: np.zeros_like(np.asarray(v)) for k, v in source[0].items()}
+  for start in range(0, n, global_batch_size):
+    first = start + offset
+    indices = list(range(first, min(first + local, n)))
+    batch = _stack(_read(source, indices) + [zero] * (local - len(indices)))
+    mask = np.zeros(local, np.float32)
+    mask[:len(indices)] = 1.0
+    batch["example_mask"] = mask
+    yield batch
