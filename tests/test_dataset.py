@@ -1,0 +1,243 @@
+"""prepare(): stores via TFDS once, reuses it, and leaves nothing behind on failure."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from bert_jax import corpus, dataset, pretraining_data
+from bert_jax.errors import ConfigError, CorpusError
+from bert_jax.input_pipeline import TrainIterator
+from bert_jax.tokenizer import Tokenizer
+from configs import default
+
+SHIPPED = os.path.join(os.path.dirname(__file__), os.pardir, "data", "corpus.txt")
+WORDS = ("the a cat dog sat ran over under warm cold mat field ball tree river boat "
+         "small big red green old new quick slow bird fish sings swims reads writes").split()
+
+
+def write_plain_corpus(path, num_docs=12, seed=0):
+  """Documents of 5-9 made-up sentences, blank line between documents."""
+  rng = random.Random(seed)
+  docs = []
+  for _ in range(num_docs):
+    sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))) + "."
+                 for _ in range(rng.randint(5, 9))]
+    docs.append("\n".join(s.capitalize() for s in sentences))
+  path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+  return str(path)
+
+
+def data_config(corpus_path, **overrides):
+  c = default.get_config().data
+  c.corpus = corpus_path
+  c.vocab_size = 120
+  c.dupe_factor = 2
+  c.eval_fraction = 0.2
+  c.max_eval_examples = 100
+  for key, value in overrides.items():
+    setattr(c, key, value)
+  return c
+
+
+@pytest.fixture
+def plain(tmp_path):
+  return write_plain_corpus(tmp_path / "corpus.txt")
+
+
+@pytest.fixture
+def cache(tmp_path):
+  return str(tmp_path / "cache")
+
+
+def forbid(monkeypatch, obj, name):
+  def boom(*args, **kwargs):
+    raise AssertionError(f"{name} must not be called")
+  monkeypatch.setattr(obj, name, boom)
+
+
+def all_examples(source):
+  return [source[i] for i in range(len(source))]
+
+
+def test_prepare_stores_each_seq_len_with_fixed_shape_int32_features(plain, cache):
+  prepared = dataset.prepare(data_config(plain), [16, 32], cache, seed=0)
+  assert sorted(prepared.train) == sorted(prepared.eval) == [16, 32]
+  for seq_len in (16, 32):
+    for source in (prepared.train[seq_len], prepared.eval[seq_len]):
+      assert len(source) > 0
+      ex = source[0]
+      assert sorted(ex) == sorted(pretraining_data.FEATURES)
+      for key in ("input_ids", "segment_ids", "input_mask"):
+        assert ex[key].shape == (seq_len,) and ex[key].dtype == np.int32
+      assert int(ex["next_sentence_label"]) in (0, 1)
+
+
+def test_prepare_saves_the_tokenizer_it_used_next_to_the_data(plain, cache):
+  prepared = dataset.prepare(data_config(plain), [16], cache, seed=0)
+  assert prepared.directory.startswith(os.path.abspath(cache))
+  saved = Tokenizer.load(os.path.join(prepared.directory, "tokenizer"))
+  assert saved.vocab == prepared.tokenizer.vocab
+  assert os.path.isfile(os.path.join(prepared.directory, "settings.json"))
+
+
+def test_example_ids_are_within_the_vocabulary(plain, cache):
+  prepared = dataset.prepare(data_config(plain), [16], cache, seed=0)
+  ids = np.stack([ex["input_ids"] for ex in all_examples(prepared.train[16])])
+  assert ids.max() < prepared.tokenizer.vocab_size
+  assert (ids[:, 0] == prepared.tokenizer.cls_id).all()
+
+
+def test_second_prepare_reuses_stored_data_without_reading_the_corpus(plain, cache,
+                                                                       monkeypatch):
+  first = dataset.prepare(data_config(plain), [16], cache, seed=0)
+  forbid(monkeypatch, corpus, "read_documents")
+  forbid(monkeypatch, Tokenizer, "train")
+  again = dataset.prepare(data_config(plain), [16], cache, seed=0)
+  assert again.directory == first.directory
+  assert again.tokenizer.vocab == first.tokenizer.vocab
+  assert [e["input_ids"].tolist() for e in all_examples(again.train[16])] == [
+      e["input_ids"].tolist() for e in all_examples(first.train[16])]
+
+
+def test_a_changed_setting_prepares_into_a_new_directory(plain, cache):
+  first = dataset.prepare(data_config(plain), [16], cache, seed=0)
+  other = dataset.prepare(data_config(plain, dupe_factor=3), [16], cache, seed=0)
+  assert other.directory != first.directory
+  assert len(other.train[16]) > len(first.train[16])
+
+
+def test_a_changed_corpus_file_prepares_anew(tmp_path, cache):
+  path = write_plain_corpus(tmp_path / "c.txt", seed=0)
+  first = dataset.prepare(data_config(path), [16], cache, seed=0)
+  write_plain_corpus(tmp_path / "c.txt", num_docs=14, seed=1)
+  assert dataset.prepare(data_config(path), [16], cache, seed=0).directory != first.directory
+
+
+def test_a_new_seq_len_reuses_the_stored_tokenizer(plain, cache, monkeypatch):
+  first = dataset.prepare(data_config(plain), [16], cache, seed=0)
+  forbid(monkeypatch, Tokenizer, "train")
+  both = dataset.prepare(data_config(plain), [16, 32], cache, seed=0)
+  assert both.directory == first.directory
+  assert len(both.train[32]) > 0
+
+
+def test_too_small_corpus_raises_with_counts_and_leaves_nothing(tmp_path, cache):
+  path = tmp_path / "small.txt"
+  path.write_text("One.\nTwo.\n\nThree.\n\nFour.\n", encoding="utf-8")
+  with pytest.raises(CorpusError, match=r"small\.txt.*3 document\(s\), 4 sentence\(s\); "
+                                        r"need at least 4 documents") as e:
+    dataset.prepare(data_config(str(path)), [16], cache, seed=0)
+  assert "\n" not in str(e.value)
+  assert not os.path.exists(cache) or os.listdir(cache) == []
+
+
+def test_failure_while_writing_leaves_nothing_and_the_next_run_starts_clean(plain, cache,
+                                                                            monkeypatch):
+  real = pretraining_data.create_examples
+
+  def fails_midway(*args, **kwargs):
+    for i, ex in enumerate(real(*args, **kwargs)):
+      if i == 5:
+        raise RuntimeError("interrupted")
+      yield ex
+
+  monkeypatch.setattr(pretraining_data, "create_examples", fails_midway)
+  with pytest.raises(RuntimeError, match="interrupted"):
+    dataset.prepare(data_config(plain), [16], cache, seed=0)
+  assert os.listdir(cache) == []
+  monkeypatch.setattr(pretraining_data, "create_examples", real)
+  assert len(dataset.prepare(data_config(plain), [16], cache, seed=0).train[16]) > 5
+
+
+def test_failure_adding_a_seq_len_keeps_the_earlier_data(plain, cache, monkeypatch):
+  first = dataset.prepare(data_config(plain), [16], cache, seed=0)
+
+  def fails(*args, **kwargs):
+    raise RuntimeError("interrupted")
+    yield  # pragma: no cover
+
+  monkeypatch.setattr(pretraining_data, "create_examples", fails)
+  with pytest.raises(RuntimeError):
+    dataset.prepare(data_config(plain), [16, 32], cache, seed=0)
+  leftovers = [d for _, dirs, _ in os.walk(cache) for d in dirs if d.startswith("incomplete")]
+  assert leftovers == []
+  forbid(monkeypatch, corpus, "read_documents")
+  assert len(dataset.prepare(data_config(plain), [16], cache, seed=0).train[16]) == len(
+      first.train[16])
+
+
+def test_shipped_tab_corpus_makes_train_and_eval_examples(cache):
+  prepared = dataset.prepare(data_config(SHIPPED, vocab_size=300), [32], cache, seed=0)
+  assert len(prepared.train[32]) >= 100 and len(prepared.eval[32]) >= 20
+
+
+def test_eval_documents_are_held_out_from_training(cache):
+  prepared = dataset.prepare(data_config(SHIPPED, vocab_size=300), [32], cache, seed=0)
+
+  def first_halves(source):
+    out = set()
+    for ex in all_examples(source):
+      ids = ex["input_ids"].tolist()
+      out.add(tuple(ids[1:ids.index(prepared.tokenizer.sep_id)]))
+    return out
+
+  assert first_halves(prepared.train[32]).isdisjoint(first_halves(prepared.eval[32]))
+
+
+def test_max_eval_examples_caps_the_eval_split(plain, cache):
+  prepared = dataset.prepare(data_config(plain, max_eval_examples=7), [16], cache, seed=0)
+  assert len(prepared.eval[16]) == 7
+
+
+def test_a_vocab_file_is_used_as_is(plain, cache, tmp_path, monkeypatch):
+  vocab = (["[PAD]"] + [f"[unused{i}]" for i in range(9)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+           + sorted(set(WORDS)) + ["."])
+  path = tmp_path / "vocab.txt"
+  path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+  forbid(monkeypatch, Tokenizer, "train")
+  prepared = dataset.prepare(data_config(plain, vocab_file=str(path)), [16], cache, seed=0)
+  assert prepared.tokenizer.vocab == vocab
+  ex = prepared.train[16][0]
+  assert ex["input_ids"][0] == 11  # [CLS] keeps the file's id
+  assert prepared.tokenizer.unk_id not in ex["input_ids"]
+
+
+def test_builtin_corpus_prepares(cache):
+  c = data_config("builtin", vocab_size=1000, dupe_factor=1, eval_fraction=0.05)
+  prepared = dataset.prepare(c, [64], cache, seed=0)
+  assert len(prepared.train[64]) > 1000 and len(prepared.eval[64]) > 10
+
+
+def test_prepared_source_feeds_the_train_iterator(plain, cache):
+  source = dataset.prepare(data_config(plain), [16], cache, seed=0).train[16]
+  it = TrainIterator(source, 8, seed=0, prefetch=0)
+  indices = it.batch_indices(0)
+  batch = next(it)
+  assert batch["input_ids"].tolist() == [source[int(i)]["input_ids"].tolist() for i in indices]
+  assert batch["next_sentence_label"].dtype == np.int32
+
+
+def test_missing_corpus_file_raises_naming_it_and_leaves_nothing(tmp_path, cache):
+  with pytest.raises(CorpusError, match="nope.txt"):
+    dataset.prepare(data_config(str(tmp_path / "nope.txt")), [16], cache, seed=0)
+  assert not os.path.exists(cache) or os.listdir(cache) == []
+
+
+def test_unknown_tfds_corpus_raises_naming_it(cache):
+  with pytest.raises(CorpusError, match="unknown TFDS dataset 'xyz_no_such_set'"):
+    dataset.prepare(data_config("tfds:xyz_no_such_set:text"), [16], cache, seed=0)
+  assert not os.path.exists(cache) or os.listdir(cache) == []
+
+
+@pytest.mark.parametrize("field,value", [("eval_fraction", 0.0), ("dupe_factor", 0),
+                                         ("short_seq_prob", 1.5), ("format", "csv")])
+def test_bad_data_settings_are_config_errors_naming_the_field(plain, cache, field, value):
+  with pytest.raises(ConfigError, match=f"data.{field}"):
+    dataset.prepare(data_config(plain, **{field: value}), [16], cache, seed=0)
+
+
+def test_seq_len_below_five_is_a_config_error(plain, cache):
+  with pytest.raises(ConfigError, match="seq_len"):
+    dataset.prepare(data_config(plain), [4], cache, seed=0)
