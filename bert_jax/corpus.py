@@ -116,8 +116,7 @@ def fingerprint(spec: str, tfds_data_dir: str | None = None) -> dict:
     return {"builtin": _builtin_fingerprint()}
   if spec.startswith(TFDS_PREFIX):
     name, feature = parse_tfds_spec(spec)
-    data_dir = tfds_data_dir or os.environ.get("TFDS_DATA_DIR", "")
-    return {"tfds": name, "feature": feature, "data_dir": data_dir}
+    return {"tfds": name, "feature": feature, "data_dir": _tfds_data_dir(tfds_data_dir)}
   _check_file(spec)
   st = os.stat(spec)
   return {"file": os.path.abspath(spec), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -219,10 +218,16 @@ def _tfds_documents(spec: str, data_dir: str | None) -> Iterator[list[str]]:
   return _tfds_iter(source, feature)
 
 
+def _tfds_data_dir(data_dir: str | None) -> str:
+  # Resolved here, not by TFDS (which reads TFDS_DATA_DIR once, at import).
+  return os.path.abspath(os.path.expanduser(
+      data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"))
+
+
 def _open_tfds(name: str, data_dir: str | None):
   import tensorflow_datasets as tfds
   from tensorflow_datasets.core import registered
-  where = data_dir or "the default TFDS data dir"
+  data_dir = where = _tfds_data_dir(data_dir)
   try:
     # download=False: a missing dataset must fail fast here, not start a
     # multi-hour download-and-build; users prepare it once with `tfds build`.

@@ -225,6 +225,43 @@ def test_missing_corpus_file_raises_naming_it_and_leaves_nothing(tmp_path, cache
   assert not os.path.exists(cache) or os.listdir(cache) == []
 
 
+def build_toy_tfds(data_dir, num_articles=8):
+  """A tiny array_record TFDS dataset with a wikipedia-like `text` feature."""
+  import tensorflow_datasets as tfds
+
+  class ToyArticles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    VERSION = tfds.core.Version("1.0.0")
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls):
+      return None
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+          {"text": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      for i in range(num_articles):
+        yield i, {"text": f"Article {i} is about a cat. The cat sat on a mat.\n"
+                          f"Then the dog {i} ran over the field. It was warm."}
+
+  builder = ToyArticles(data_dir=str(data_dir), file_format="array_record")
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+      compute_stats=tfds.download.ComputeStatsMode.SKIP))
+  return builder.name
+
+
+def test_tfds_corpus_prepares_from_tfds_data_dir(tmp_path, cache, monkeypatch):
+  name = build_toy_tfds(tmp_path / "tfds")
+  monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+  prepared = dataset.prepare(data_config(f"tfds:{name}:text"), [16], cache, seed=0)
+  assert len(prepared.train[16]) > 0 and len(prepared.eval[16]) > 0
+
+
 def test_unknown_tfds_corpus_raises_naming_it(cache):
   with pytest.raises(CorpusError, match="unknown TFDS dataset 'xyz_no_such_set'"):
     dataset.prepare(data_config("tfds:xyz_no_such_set:text"), [16], cache, seed=0)
