@@ -19,10 +19,19 @@ from bert_jax.errors import CheckpointError
 ITEMS = ("params", "opt_state", "meta")
 
 
+def _handlers() -> dict:
+  # Registered up front so a manager opened only to read (restore_params)
+  # knows each item's format and can report its metadata.
+  return {"params": ocp.StandardCheckpointHandler(),
+          "opt_state": ocp.StandardCheckpointHandler(),
+          "meta": ocp.JsonCheckpointHandler()}
+
+
 def manager(directory: str, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
-  return ocp.CheckpointManager(os.path.abspath(directory), options=options, item_names=ITEMS)
+  return ocp.CheckpointManager(os.path.abspath(directory), options=options,
+                               item_handlers=_handlers())
 
 
 def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,
@@ -65,7 +74,7 @@ def restore_params(path: str, step: Optional[int] = None,
   local device), whatever device layout the checkpoint was written with.
   """
   root, step_in_path = _checkpoint_root(path)
-  mngr = ocp.CheckpointManager(root, item_names=ITEMS)
+  mngr = ocp.CheckpointManager(root, item_handlers=_handlers())
   try:
     step = step if step is not None else step_in_path
     step = mngr.latest_step() if step is None else step
@@ -74,6 +83,8 @@ def restore_params(path: str, step: Optional[int] = None,
                             f"found (have {list(mngr.all_steps())})")
     tree = mngr.item_metadata(step)["params"]
     tree = getattr(tree, "tree", tree)
+    if tree is None:
+      raise CheckpointError(f"checkpoint {root}/{step}: no readable params item")
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract = jax.tree.map(
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),

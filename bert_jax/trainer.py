@@ -298,7 +298,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   Returns the final evaluation metrics.
   """
-  from bert_jax import input_pipeline
   from bert_jax.reporting import Reporter
 
   phases = validate_config(config)  # fail before anything is written
@@ -318,91 +317,129 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ckpt_dir = os.path.join(workdir, "checkpoints")
   mngr = checkpointing.manager(ckpt_dir, keep=config.keep_checkpoints)
   reporter = Reporter(workdir)
-  step, position = 0, 0
-  latest = mngr.latest_step()
-  if latest is not None:
-    # Model shape first: a mismatch should be one clear line, not an Orbax error.
-    meta = mngr.restore(latest, args=checkpointing.ocp.args.Composite(
-        meta=checkpointing.ocp.args.JsonRestore()))["meta"]
-    _check_resume_compatible(meta, bert_config, ckpt_dir)
-    params, opt_state, meta = checkpointing.restore_train_state(
-        mngr, latest, trainer.abstract_params, trainer.abstract_opt_state)
-    opt_state, step, position = opt_state["opt_state"], int(meta["step"]), int(meta["data_position"])
-    reporter.truncate(step)
-    _log(f"resumed from {ckpt_dir} at step {step} (data position {position})")
-  else:
-    params, opt_state = trainer.init_state()
-
-  meta_base = {"model_config": bert_config.to_dict(), "vocab": tok.vocab,
-               "lowercase": tok.lowercase, "seed": config.seed,
-               "config": json.loads(config.to_json())}
-  rng_data = jax.random.key_data(trainer.train_key)
-
-  def save(step, phase, position):
-    checkpointing.save(mngr, step, params, {"opt_state": opt_state, "rng": rng_data},
-                       {**meta_base, "step": step, "phase": phase.index,
-                        "data_position": position})
-
-  from tqdm import tqdm
-  bar = tqdm(total=config.train.num_steps, initial=step, unit="step", dynamic_ncols=True,
-             disable=not config.progress_bar or jax.process_index() != 0)
-  B = config.train.batch_size
-  pending, t_last, n_last = [], time.perf_counter(), step
-  for phase in phases:
-    if step >= phase.end:
-      continue
-    start_batch = position if step > phase.start else 0
-    it = input_pipeline.TrainIterator(
-        prepared.train[phase.seq_len], B, seed=config.seed + phase.index,
-        process_index=jax.process_index(), process_count=jax.process_count(),
-        start_batch=start_batch)
-    step_fn = trainer.train_step_fn(phase.max_predictions)
-    if step == phase.start or start_batch:
-      _log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
-           f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
-    while step < phase.end:
-      batch = sharding.global_batch(next(it), mesh)
-      params, opt_state, metrics = step_fn(params, opt_state, jnp.int32(step), batch)
-      step += 1
-      pending.append(metrics)
-      bar.update(1)
-      if step % config.log_every == 0 or step == phase.end:
-        sums = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(pending))
-        now = time.perf_counter()
-        m = summarize(sums) | {
-            "loss": sums["loss"] / len(pending),
-            "grad_norm": sums["grad_norm"] / len(pending),
-            "learning_rate": float(jax.device_get(pending[-1]["learning_rate"])),
-            "sequences_per_sec": (step - n_last) * B / max(now - t_last, 1e-9)}
-        pending, t_last, n_last = [], now, step
-        reporter.write("train", step, m)
-        bar.set_postfix(loss=f"{m['loss']:.3f}", mlm_acc=f"{m['mlm_accuracy']:.3f}",
-                        nsp_acc=f"{m['nsp_accuracy']:.3f}", seq_s=f"{m['sequences_per_sec']:.0f}")
-      if step % config.checkpoint_every == 0 or step == config.train.num_steps:
-        save(step, phase, it.position)
-      if step % config.eval_every == 0 and step < config.train.num_steps:
-        ev = trainer.evaluate(params, input_pipeline.eval_batches(
-            prepared.eval[phase.seq_len], B, jax.process_index(), jax.process_count()),
-            phase.max_predictions, config.eval_batches)
-        reporter.write("eval", step, ev)
-        bar.write(f"eval @ {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()))
-    position = 0
-  bar.close()
-
-  last = phases[-1]
-  if mngr.latest_step() != step:  # e.g. a finished run started again
-    save(step, last, 0)
-  ev = trainer.evaluate(params, input_pipeline.eval_batches(
-      prepared.eval[last.seq_len], B, jax.process_index(), jax.process_count()),
-      last.max_predictions, config.eval_batches)
-  reporter.write("eval", step, ev)
-  mngr.wait_until_finished()
-  mngr.close()
-  plot = reporter.plot(step)
-  reporter.close()
-  _log(f"final eval @ step {step}: MLM accuracy {ev['mlm_accuracy']:.4f} "
+  run = _Run(config, trainer, prepared, phases, mngr, reporter, {
+      "model_config": bert_config.to_dict(), "vocab": tok.vocab, "lowercase": tok.lowercase,
+      "seed": config.seed, "config": json.loads(config.to_json())})
+  try:
+    latest = mngr.latest_step()
+    if latest is not None:
+      run.restore(latest, ckpt_dir)
+    else:
+      run.params, run.opt_state = trainer.init_state()
+    run.train()
+    ev = run.final_eval()
+  finally:
+    # An interrupted run still finishes the checkpoint it started writing.
+    mngr.wait_until_finished()
+    mngr.close()
+    reporter.close()
+  plot = reporter.plot(run.step)
+  _log(f"final eval @ step {run.step}: MLM accuracy {ev['mlm_accuracy']:.4f} "
        f"(best constant guess {ev['mlm_best_constant_accuracy']:.4f}), "
        f"NSP accuracy {ev['nsp_accuracy']:.4f}, MLM loss {ev['mlm_loss']:.4f}, "
        f"NSP loss {ev['nsp_loss']:.4f}")
   _log(f"checkpoints: {ckpt_dir}; TensorBoard: {os.path.join(workdir, 'tensorboard')}; plot: {plot}")
   return ev
+
+
+class _Run:
+  """The mutable state of one training run: step, params, data position."""
+
+  def __init__(self, config, trainer: Trainer, prepared, phases: list[Phase], mngr, reporter,
+               meta_base: dict):
+    self.config, self.trainer, self.prepared, self.phases = config, trainer, prepared, phases
+    self.mngr, self.reporter, self.meta_base = mngr, reporter, meta_base
+    self.step, self.position = 0, 0
+    self.params = self.opt_state = None
+    self.rng_data = jax.random.key_data(trainer.train_key)
+
+  def restore(self, step: int, ckpt_dir: str) -> None:
+    # Model shape first: a mismatch should be one clear line, not an Orbax error.
+    meta = self.mngr.restore(step, args=checkpointing.ocp.args.Composite(
+        meta=checkpointing.ocp.args.JsonRestore()))["meta"]
+    _check_resume_compatible(meta, self.trainer.bert_config, ckpt_dir)
+    rng = jax.ShapeDtypeStruct(self.rng_data.shape, self.rng_data.dtype,
+                               sharding=sharding.replicated(self.trainer.mesh))
+    self.params, opt_state, meta = checkpointing.restore_train_state(
+        self.mngr, step, self.trainer.abstract_params,
+        {"opt_state": self.trainer.abstract_opt_state, "rng": rng})
+    self.opt_state = opt_state["opt_state"]
+    self.step, self.position = int(meta["step"]), int(meta["data_position"])
+    self.reporter.truncate(self.step)
+    _log(f"resumed from {ckpt_dir} at step {self.step} (data position {self.position})")
+
+  def save(self, phase: Phase, position: int) -> None:
+    checkpointing.save(self.mngr, self.step, self.params,
+                       {"opt_state": self.opt_state, "rng": self.rng_data},
+                       {**self.meta_base, "step": self.step, "phase": phase.index,
+                        "data_position": position})
+
+  def eval_batches(self, phase: Phase):
+    from bert_jax import input_pipeline
+    return input_pipeline.eval_batches(self.prepared.eval[phase.seq_len],
+                                       self.config.train.batch_size,
+                                       jax.process_index(), jax.process_count())
+
+  def train(self) -> None:
+    from tqdm import tqdm
+    from bert_jax import input_pipeline
+    c, B = self.config, self.config.train.batch_size
+    bar = tqdm(total=c.train.num_steps, initial=self.step, unit="step", dynamic_ncols=True,
+               disable=not c.progress_bar or jax.process_index() != 0)
+    pending, t_last, n_last = [], time.perf_counter(), self.step
+    try:
+      for phase in self.phases:
+        if self.step >= phase.end:
+          continue
+        start_batch = self.position if self.step > phase.start else 0
+        it = input_pipeline.TrainIterator(
+            self.prepared.train[phase.seq_len], B, seed=c.seed + phase.index,
+            process_index=jax.process_index(), process_count=jax.process_count(),
+            start_batch=start_batch)
+        step_fn = self.trainer.train_step_fn(phase.max_predictions)
+        _log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
+             f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
+        with it:
+          while self.step < phase.end:
+            batch = sharding.global_batch(next(it), self.trainer.mesh)
+            self.params, self.opt_state, metrics = step_fn(
+                self.params, self.opt_state, jnp.int32(self.step), batch)
+            self.step += 1
+            pending.append(metrics)
+            bar.update(1)
+            if self.step % c.log_every == 0 or self.step == phase.end:
+              m = self._train_metrics(pending, (self.step - n_last) * B / max(
+                  time.perf_counter() - t_last, 1e-9))
+              pending, t_last, n_last = [], time.perf_counter(), self.step
+              self.reporter.write("train", self.step, m)
+              bar.set_postfix(loss=f"{m['loss']:.3f}", mlm_acc=f"{m['mlm_accuracy']:.3f}",
+                              nsp_acc=f"{m['nsp_accuracy']:.3f}",
+                              seq_s=f"{m['sequences_per_sec']:.0f}")
+            if self.step % c.checkpoint_every == 0 or self.step == c.train.num_steps:
+              self.save(phase, it.position)
+            if self.step % c.eval_every == 0 and self.step < c.train.num_steps:
+              ev = self.trainer.evaluate(self.params, self.eval_batches(phase),
+                                         phase.max_predictions, c.eval_batches)
+              self.reporter.write("eval", self.step, ev)
+              bar.write(f"eval @ {self.step}: "
+                        + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+        self.position = 0
+    finally:
+      bar.close()
+
+  @staticmethod
+  def _train_metrics(pending: list, sequences_per_sec: float) -> dict:
+    sums = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(pending))
+    return summarize(sums) | {
+        "loss": sums["loss"] / len(pending), "grad_norm": sums["grad_norm"] / len(pending),
+        "learning_rate": float(jax.device_get(pending[-1]["learning_rate"])),
+        "sequences_per_sec": sequences_per_sec}
+
+  def final_eval(self) -> dict:
+    last = self.phases[-1]
+    if self.mngr.latest_step() != self.step:  # e.g. num_steps raised after a finished run
+      self.save(last, 0)
+    ev = self.trainer.evaluate(self.params, self.eval_batches(last), last.max_predictions,
+                               self.config.eval_batches)
+    self.reporter.write("eval", self.step, ev)
+    return ev
