@@ -18,13 +18,13 @@ def get_config():
   c.model.max_position_embeddings = 128
   c.model.dtype = "float32"  # CPUs have no fast bfloat16 matmul path to gain from
   c.train.batch_size = 64
-  c.train.num_steps = 2000
+  c.train.num_steps = 1200
   c.train.learning_rate = 1e-3
   c.train.warmup_steps = 200
   c.train.phase_fractions = (1.0,)
   c.train.seq_lens = (64,)
   c.train.max_predictions = (10,)
   c.log_every = 50
-  c.eval_every = 1000
-  c.checkpoint_every = 500
+  c.eval_every = 400
+  c.checkpoint_every = 400
   return c
