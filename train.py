@@ -9,7 +9,7 @@ Rerunning with the same --workdir resumes from its latest checkpoint.
 import os
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,6 +25,8 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
   import jax
   if FLAGS.jax_distributed:
     jax.distributed.initialize()
