@@ -5,7 +5,6 @@ accumulation steps, b = B / A micro-batch, V padded vocabulary.
 """
 
 import dataclasses
-import functools
 import json
 import os
 import time
