@@ -1,6 +1,7 @@
 """WordPiece tokenizer: special ids, training, vocab.txt loading, round trips."""
 
 import json
+import random
 import os
 
 import numpy as np
@@ -149,3 +150,66 @@ def test_load_without_config_raises_naming_it(tmp_path):
   write_vocab(tmp_path, BASE_LAYOUT)
   with pytest.raises(ConfigError, match="tokenizer_config.json"):
     Tokenizer.load(str(tmp_path))
+
+
+# --- the fast path gives HF's ids ---
+
+
+def hf_ids(tok, texts):
+  return [e.ids for e in tok.backend.encode_batch(list(texts), add_special_tokens=False)]
+
+
+@pytest.fixture(scope="module")
+def builtin_sentences():
+  from bert_jax import corpus
+  return [s for d in corpus.read_documents("builtin") for s in d]
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_encode_batch_equals_hf_pipeline_on_the_builtin_corpus(builtin_sentences, lowercase):
+  tok = Tokenizer.train(builtin_sentences, vocab_size=800, lowercase=lowercase)
+  assert tok.encode_batch(builtin_sentences) == hf_ids(tok, builtin_sentences)
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_encode_batch_equals_hf_pipeline_on_random_unicode(lowercase):
+  rng = random.Random(lowercase)
+  common = [chr(i) for i in range(128)] + [
+      " ", "the", "##", "[MASK]", "[SEP]", "é", "É", "Σ", "İ", "ß", "中", "—", "“", "\u00a0",
+      "\u2003", "\u200b", "\ufeff", "\u0301", "\u0345", "ﬁ", "½", "😀"]
+  texts = []
+  for _ in range(3000):
+    chars = [rng.choice(common) if rng.random() < 0.8 else chr(rng.randint(128, 0x2FFFF))
+             for _ in range(rng.randint(0, 40))]
+    texts.append("".join(chars).encode("utf-8", "replace").decode("utf-8"))  # no surrogates
+  tok = Tokenizer.train(TEXTS + texts, vocab_size=300, lowercase=lowercase)
+  assert tok.encode_batch(texts) == hf_ids(tok, texts)
+
+
+def test_encode_batch_flat_concatenates_with_lengths():
+  tok = trained()
+  texts = ["The cat sat.", "", "naïve runners", "a [MASK] b"]
+  ids, lengths = tok.encode_batch_flat(texts)
+  assert ids.dtype == np.int32 and lengths.tolist() == [len(tok.encode(t)) for t in texts]
+  assert ids.tolist() == [i for t in texts for i in tok.encode(t)]
+
+
+def test_special_token_written_in_text_stays_one_token():
+  tok = trained()
+  assert tok.encode("the [MASK] sat")[1] == tok.mask_id
+
+
+def test_a_megabyte_word_is_one_unk_and_not_cached():
+  tok = trained()
+  assert tok.encode("cat " + "x" * 1_000_000 + " cat") == [
+      tok.encode("cat")[0], tok.unk_id, tok.encode("cat")[0]]
+  assert max(map(len, tok._words)) <= 100
+
+
+def test_word_cache_stays_bounded_and_ids_stay_right(monkeypatch):
+  from bert_jax import tokenizer
+  monkeypatch.setattr(tokenizer, "_WORD_CACHE_SIZE", 50)
+  tok = trained()
+  words = [f"cat{i}dog" for i in range(400)]
+  assert tok.encode_batch(words) == hf_ids(tok, words)
+  assert len(tok._words) <= 51
