@@ -2,18 +2,30 @@
 
 A port of google-research/bert `create_pretraining_data.py`
 (`create_instances_from_document` and `truncate_seq_pair`) without the
-masking, which happens on device. Differences from the reference, both
-deliberate: the NotNext document is drawn uniformly from the *other*
-documents (the reference retries 10 times and may fall back to the same
-one), and examples are streamed in generation order rather than shuffled
-(the input pipeline shuffles every epoch). Tab-format corpora (one `A<TAB>B`
-pair per line) use `create_pair_examples`, the tutorial's simpler scheme.
+masking, which happens on device. It works on a `Window`: a bounded group of
+documents stored flat, so a corpus of any size is processed window by window
+(`dataset.py` streams them). NotNext text comes from another document of the
+same window; the reference draws it from the whole corpus.
+
+Pairs are computed on sentence lengths only, as spans into the window's
+tokens, with the reference's random draws in the reference's order; the
+tokens are gathered once at the end, vectorized (`input_ids`). Differences
+from the reference, all deliberate: the NotNext document is drawn uniformly
+from the *other* documents (the reference retries 10 times and may fall back
+to the same one), examples come out in generation order rather than shuffled
+(the input pipeline shuffles every epoch), and the `dupe_factor` passes run
+per window. Tab-format corpora (one `A<TAB>B` pair per line) use
+`pair_spans`, the tutorial's simpler scheme.
+
+Shapes: K examples, L = max_seq_length, T tokens in a window.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -23,6 +35,42 @@ IS_NEXT = 0
 NOT_NEXT = 1
 FEATURES = ("input_ids", "segment_ids", "input_mask", "next_sentence_label")
 _SPECIALS_PER_PAIR = 3  # [CLS] A [SEP] B [SEP]
+_BLOCK = 4096  # examples gathered per vectorized step in the list API
+
+# A span is (a_start, a_len, b_start, b_len, label): offsets into Window.tokens.
+Span = tuple[int, int, int, int, int]
+
+
+@dataclasses.dataclass
+class Window:
+  """Documents with their sentences, flat: tokens_T int32 plus sentence lengths."""
+  tokens_T: np.ndarray
+  sentence_lengths: list[list[int]]  # per document, every length > 0
+  doc_starts: list[int]  # offset of each document in tokens_T
+
+  @property
+  def num_documents(self) -> int:
+    return len(self.sentence_lengths)
+
+  @classmethod
+  def from_flat(cls, tokens_T: np.ndarray, sentence_lengths: list[list[int]]) -> Window:
+    """`tokens_T` holds the documents' sentences in order; no empty sentence or document."""
+    sizes = [sum(d) for d in sentence_lengths]
+    starts = list(itertools.accumulate(sizes, initial=0))
+    if starts[-1] != len(tokens_T):
+      raise ValueError(f"sentence lengths add up to {starts[-1]}, tokens are {len(tokens_T)}")
+    return cls(np.asarray(tokens_T, np.int32), sentence_lengths, starts[:-1])
+
+  @classmethod
+  def from_documents(cls, documents: Iterable[Sequence[Sequence[int]]]) -> Window:
+    """Documents of sentences of ids; empty sentences and documents are dropped."""
+    lengths, flat = [], []
+    for doc in documents:
+      sentences = [s for s in doc if len(s)]
+      if sentences:
+        lengths.append([len(s) for s in sentences])
+        flat.extend(t for s in sentences for t in s)
+    return cls.from_flat(np.asarray(flat, np.int32), lengths)
 
 
 def create_examples(documents: Sequence[Sequence[Sequence[int]]], max_seq_length: int,
@@ -34,26 +82,14 @@ def create_examples(documents: Sequence[Sequence[Sequence[int]]], max_seq_length
   and `next_sentence_label` int32 scalar (0 = IsNext, 1 = NotNext). Empty
   sentences and documents are ignored; with fewer than two non-empty
   documents nothing is yielded (NotNext needs another document), so callers
-  detect an unusable corpus by getting no examples.
+  detect an unusable corpus by getting no examples. All documents form one
+  window.
   """
   _check_args(max_seq_length, short_seq_prob, dupe_factor)
-  # Sentences are only read (pairs are built in fresh lists), so no copies.
-  docs = [[s for s in d if len(s)] for d in documents]
-  docs = [d for d in docs if d]
-  return _examples(docs, max_seq_length, short_seq_prob, dupe_factor, seed, cls_id, sep_id)
-
-
-def _examples(docs: list[list[Sequence[int]]], max_seq_length: int, short_seq_prob: float,
-              dupe_factor: int, seed: int, cls_id: int,
-              sep_id: int) -> Iterator[dict[str, np.ndarray]]:
-  if len(docs) < 2:
-    return
-  rng = random.Random(seed)
-  for _ in range(dupe_factor):
-    for doc_index in range(len(docs)):
-      for a, b, label in _pairs_from_document(docs, doc_index, max_seq_length, short_seq_prob,
-                                              rng):
-        yield _to_example(a, b, label, max_seq_length, cls_id, sep_id)
+  window = Window.from_documents(documents)
+  spans = document_spans(window, max_seq_length, short_seq_prob, dupe_factor,
+                         random.Random(seed))
+  return _examples(window, spans, max_seq_length, cls_id, sep_id)
 
 
 def create_pair_examples(documents: Sequence[Sequence[Sequence[int]]], max_seq_length: int,
@@ -71,26 +107,18 @@ def create_pair_examples(documents: Sequence[Sequence[Sequence[int]]], max_seq_l
   """
   _check_args(max_seq_length, 0.0, dupe_factor)
   pairs = [d for d in documents if len(d) == 2 and len(d[0]) and len(d[1])]
-  return _pair_examples(pairs, max_seq_length, dupe_factor, seed, cls_id, sep_id)
+  window = Window.from_documents(pairs)
+  spans = pair_spans(window, max_seq_length, dupe_factor, random.Random(seed))
+  return _examples(window, spans, max_seq_length, cls_id, sep_id)
 
 
-def _pair_examples(pairs: list[Sequence[Sequence[int]]], max_seq_length: int,
-                   dupe_factor: int, seed: int, cls_id: int,
-                   sep_id: int) -> Iterator[dict[str, np.ndarray]]:
-  if len(pairs) < 2:
-    return
-  rng = random.Random(seed)
-  for _ in range(dupe_factor):
-    for index, (first, second) in enumerate(pairs):
-      label = NOT_NEXT if rng.random() < 0.5 else IS_NEXT
-      if label == NOT_NEXT:
-        other = rng.randint(0, len(pairs) - 2)
-        if other >= index:
-          other += 1
-        second = pairs[other][1]
-      tokens_a, tokens_b = list(first), list(second)
-      truncate_seq_pair(tokens_a, tokens_b, max_seq_length - _SPECIALS_PER_PAIR, rng)
-      yield _to_example(tokens_a, tokens_b, label, max_seq_length, cls_id, sep_id)
+def _examples(window: Window, spans: Iterator[Span], max_seq_length: int, cls_id: int,
+              sep_id: int) -> Iterator[dict[str, np.ndarray]]:
+  while block := list(itertools.islice(spans, _BLOCK)):
+    spans_Kx5 = np.asarray(block, np.int64)
+    arrays = examples_from_spans(window.tokens_T, spans_Kx5, max_seq_length, cls_id, sep_id)
+    for k in range(len(block)):
+      yield {name: arrays[name][k] for name in FEATURES}
 
 
 def _check_args(max_seq_length: int, short_seq_prob: float, dupe_factor: int) -> None:
@@ -103,10 +131,33 @@ def _check_args(max_seq_length: int, short_seq_prob: float, dupe_factor: int) ->
     raise ConfigError(f"data.dupe_factor must be >= 1, got {dupe_factor}")
 
 
-def _pairs_from_document(docs: list[list[list[int]]], doc_index: int, max_seq_length: int,
-                         short_seq_prob: float,
-                         rng: random.Random) -> Iterator[tuple[list[int], list[int], int]]:
-  document = docs[doc_index]
+# --- pairs as spans ---
+
+
+def document_spans(window: Window, max_seq_length: int, short_seq_prob: float,
+                   dupe_factor: int, rng: random.Random) -> Iterator[Span]:
+  """The reference's pairs for every document of the window, `dupe_factor` passes.
+
+  Nothing is yielded for a window of fewer than two documents.
+  """
+  _check_args(max_seq_length, short_seq_prob, dupe_factor)
+  if window.num_documents < 2:
+    return
+  # Sentence start offsets within each document, computed once for all passes.
+  cums = [list(itertools.accumulate(d, initial=0)) for d in window.sentence_lengths]
+  for _ in range(dupe_factor):
+    for doc_index in range(window.num_documents):
+      yield from _spans_from_document(window, cums, doc_index, max_seq_length, short_seq_prob,
+                                      rng)
+
+
+def _spans_from_document(window: Window, cums: list[list[int]], doc_index: int,
+                         max_seq_length: int, short_seq_prob: float,
+                         rng: random.Random) -> Iterator[Span]:
+  lengths = window.sentence_lengths[doc_index]
+  cum = cums[doc_index]
+  start = window.doc_starts[doc_index]
+  num_docs = window.num_documents
   max_num_tokens = max_seq_length - _SPECIALS_PER_PAIR
   # Mostly fill the sequence (efficient), sometimes shorter so the model also
   # sees short inputs as at fine-tuning time. Chosen once per document, as in
@@ -115,64 +166,145 @@ def _pairs_from_document(docs: list[list[list[int]]], doc_index: int, max_seq_le
   if rng.random() < short_seq_prob:
     target_seq_length = rng.randint(2, max_num_tokens)
 
-  chunk: list[list[int]] = []
-  chunk_length = 0
+  first = 0  # first sentence of the current chunk
   i = 0
-  while i < len(document):
-    chunk.append(document[i])
-    chunk_length += len(document[i])
-    if i == len(document) - 1 or chunk_length >= target_seq_length:
-      a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-      tokens_a = [t for s in chunk[:a_end] for t in s]
-      if len(chunk) == 1 or rng.random() < 0.5:
+  while i < len(lengths):
+    n_chunk = i - first + 1
+    if i == len(lengths) - 1 or cum[i + 1] - cum[first] >= target_seq_length:
+      a_end = rng.randint(1, n_chunk - 1) if n_chunk >= 2 else 1
+      a_start, a_len = start + cum[first], cum[first + a_end] - cum[first]
+      if n_chunk == 1 or rng.random() < 0.5:
         label = NOT_NEXT
-        target_b_length = target_seq_length - len(tokens_a)
-        other = rng.randint(0, len(docs) - 2)
+        target_b_length = target_seq_length - a_len
+        other = rng.randint(0, num_docs - 2)
         if other >= doc_index:  # uniform over the *other* documents
           other += 1
-        random_document = docs[other]
-        tokens_b: list[int] = []
-        for sentence in random_document[rng.randint(0, len(random_document) - 1):]:
-          tokens_b.extend(sentence)
-          if len(tokens_b) >= target_b_length:
+        other_lengths = window.sentence_lengths[other]
+        b_first = rng.randint(0, len(other_lengths) - 1)
+        b_len = 0
+        for n in other_lengths[b_first:]:
+          b_len += n
+          if b_len >= target_b_length:
             break
+        b_start = window.doc_starts[other] + cums[other][b_first]
         # The unused rest of this chunk is not wasted: it starts the next one.
-        i -= len(chunk) - a_end
+        i -= n_chunk - a_end
       else:
         label = IS_NEXT
-        tokens_b = [t for s in chunk[a_end:] for t in s]
-      truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-      yield tokens_a, tokens_b, label
-      chunk = []
-      chunk_length = 0
+        b_start, b_len = a_start + a_len, cum[i + 1] - cum[first + a_end]
+      yield _truncated(a_start, a_len, b_start, b_len, label, max_num_tokens, rng)
+      first = i + 1
     i += 1
+
+
+def pair_spans(window: Window, max_seq_length: int, dupe_factor: int,
+               rng: random.Random) -> Iterator[Span]:
+  """Tab-format pairs: every document is exactly (first half, second half).
+
+  B is the document's own second half (IsNext) or, with probability 0.5, the
+  second half of another document of the window (NotNext).
+  """
+  _check_args(max_seq_length, 0.0, dupe_factor)
+  if any(len(d) != 2 for d in window.sentence_lengths):
+    raise ValueError("pair_spans needs documents of exactly two sentences")
+  n = window.num_documents
+  if n < 2:
+    return
+  max_num_tokens = max_seq_length - _SPECIALS_PER_PAIR
+  starts, lengths = window.doc_starts, window.sentence_lengths
+  for _ in range(dupe_factor):
+    for index in range(n):
+      label = NOT_NEXT if rng.random() < 0.5 else IS_NEXT
+      other = index
+      if label == NOT_NEXT:
+        other = rng.randint(0, n - 2)
+        if other >= index:
+          other += 1
+      a_len = lengths[index][0]
+      b_start, b_len = starts[other] + lengths[other][0], lengths[other][1]
+      yield _truncated(starts[index], a_len, b_start, b_len, label, max_num_tokens, rng)
+
+
+def _truncated(a_start: int, a_len: int, b_start: int, b_len: int, label: int,
+               max_num_tokens: int, rng: random.Random) -> Span:
+  a_front, a_back, b_front, b_back = _trim_counts(a_len, b_len, max_num_tokens, rng)
+  return (a_start + a_front, a_len - a_front - a_back, b_start + b_front,
+          b_len - b_front - b_back, label)
+
+
+def _trim_counts(a_len: int, b_len: int, max_num_tokens: int,
+                 rng: random.Random) -> tuple[int, int, int, int]:
+  """(front, back) tokens to cut from A and from B: `truncate_seq_pair` on lengths.
+
+  Same random draws as trimming one token at a time, but a run of cuts from the
+  same side is counted at once, so a sentence of a million tokens costs
+  microseconds per draw, not a list shift per token.
+  """
+  a_front = a_back = b_front = b_back = 0
+  while a_len + b_len > max_num_tokens:
+    excess = a_len + b_len - max_num_tokens
+    if a_len > b_len:  # A stays the longer for a_len - b_len cuts
+      k = min(a_len - b_len, excess)
+      front = _count_fronts(k, rng)
+      a_front, a_back, a_len = a_front + front, a_back + k - front, a_len - k
+    else:  # ties cut B, as the reference does
+      k = min(b_len - a_len + 1, excess)
+      front = _count_fronts(k, rng)
+      b_front, b_back, b_len = b_front + front, b_back + k - front, b_len - k
+  return a_front, a_back, b_front, b_back
+
+
+def _count_fronts(k: int, rng: random.Random) -> int:
+  # Random side so the model does not learn that text always ends at a boundary.
+  draw = rng.random
+  return sum(draw() < 0.5 for _ in range(k))
 
 
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int,
                       rng: random.Random) -> None:
   """Trims the longer list, from the front or back at random, until the pair fits."""
-  while len(tokens_a) + len(tokens_b) > max_num_tokens:
-    longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-    # Random side so the model does not learn that text always ends at a boundary.
-    if rng.random() < 0.5:
-      del longer[0]
-    else:
-      longer.pop()
+  a_front, a_back, b_front, b_back = _trim_counts(len(tokens_a), len(tokens_b),
+                                                  max_num_tokens, rng)
+  tokens_a[:] = tokens_a[a_front:len(tokens_a) - a_back]
+  tokens_b[:] = tokens_b[b_front:len(tokens_b) - b_back]
 
 
-def _to_example(tokens_a: list[int], tokens_b: list[int], label: int, max_seq_length: int,
-                cls_id: int, sep_id: int) -> dict[str, np.ndarray]:
-  n_a = len(tokens_a) + 2  # [CLS] A [SEP]
-  n = n_a + len(tokens_b) + 1
-  input_ids = np.zeros(max_seq_length, np.int32)
-  input_ids[:n] = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
-  segment_ids = np.zeros(max_seq_length, np.int32)
-  segment_ids[n_a:n] = 1
-  input_mask = np.zeros(max_seq_length, np.int32)
-  input_mask[:n] = 1
+# --- spans -> arrays ---
+
+
+def examples_from_spans(tokens_T: np.ndarray, spans_Kx5: np.ndarray, max_seq_length: int,
+                        cls_id: int, sep_id: int) -> dict[str, np.ndarray]:
+  """`[CLS] A [SEP] B [SEP]` arrays: ids, segments, mask int32 [K, L], labels int32 [K]."""
+  L = max_seq_length
+  a_len_Kx1, b_len_Kx1 = spans_Kx5[:, 1:2], spans_Kx5[:, 3:4]
+  n_a_Kx1 = a_len_Kx1 + 2  # [CLS] A [SEP]
+  n_Kx1 = n_a_Kx1 + b_len_Kx1 + 1
+  pos_1xL = np.arange(L)[None, :]
   return {
-      "input_ids": input_ids,
-      "segment_ids": segment_ids,
-      "input_mask": input_mask,
-      "next_sentence_label": np.asarray(label, np.int32),
+      "input_ids": input_ids(tokens_T, spans_Kx5, L, cls_id, sep_id),
+      "segment_ids": ((pos_1xL >= n_a_Kx1) & (pos_1xL < n_Kx1)).astype(np.int32),
+      "input_mask": (pos_1xL < n_Kx1).astype(np.int32),
+      "next_sentence_label": spans_Kx5[:, 4].astype(np.int32),
   }
+
+
+def input_ids(tokens_T: np.ndarray, spans_Kx5: np.ndarray, max_seq_length: int, cls_id: int,
+              sep_id: int) -> np.ndarray:
+  """int32 [K, L]: the spans' tokens laid out as `[CLS] A [SEP] B [SEP]`, zero-padded."""
+  K, L = len(spans_Kx5), max_seq_length
+  a_start_Kx1, a_len_Kx1 = spans_Kx5[:, 0:1], spans_Kx5[:, 1:2]
+  b_start_Kx1, b_len_Kx1 = spans_Kx5[:, 2:3], spans_Kx5[:, 3:4]
+  if K and (a_len_Kx1 + b_len_Kx1 + _SPECIALS_PER_PAIR).max() > L:
+    raise ValueError(f"a span does not fit in max_seq_length {L}")
+  pos_1xL = np.arange(L)[None, :]
+  in_a_KxL = (pos_1xL >= 1) & (pos_1xL <= a_len_Kx1)
+  b_pos_KxL = pos_1xL - a_len_Kx1 - 2
+  in_b_KxL = (b_pos_KxL >= 0) & (b_pos_KxL < b_len_Kx1)
+  source_KxL = np.where(in_a_KxL, a_start_Kx1 + pos_1xL - 1, b_start_Kx1 + b_pos_KxL)
+  ids_KxL = np.where(in_a_KxL | in_b_KxL, tokens_T[np.where(in_a_KxL | in_b_KxL, source_KxL, 0)],
+                     0).astype(np.int32)
+  rows_K = np.arange(K)
+  ids_KxL[:, 0] = cls_id
+  ids_KxL[rows_K, a_len_Kx1[:, 0] + 1] = sep_id
+  ids_KxL[rows_K, (a_len_Kx1 + b_len_Kx1)[:, 0] + 2] = sep_id
+  return ids_KxL

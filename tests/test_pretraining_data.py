@@ -187,3 +187,28 @@ def test_pair_examples_b_is_own_second_half_or_another_lines():
 
 def test_pair_examples_labels_are_roughly_balanced():
   assert 0.4 <= np.mean([ex["next_sentence_label"] for ex in pair_examples()]) <= 0.6
+
+
+# --- windows and hostile sizes ---
+
+
+def test_one_sentence_documents_pair_with_each_other_as_not_next():
+  docs = make_documents(num_docs=6, sentences=(1, 1))
+  exs = examples(docs, dupe_factor=2)
+  assert len(exs) == 12
+  for ex in exs:
+    a, b = split_ab(ex)
+    assert ex["next_sentence_label"] == pd.NOT_NEXT and doc_of(a[0]) != doc_of(b[0])
+
+
+def test_a_sentence_of_200k_tokens_is_truncated_to_fit_in_linear_time():
+  import time
+  docs = [[list(range(DOC_RANGE, DOC_RANGE + 200_000))],
+          [list(range(2 * DOC_RANGE, 2 * DOC_RANGE + 5))]]
+  start = time.process_time()
+  exs = examples(docs, max_seq_length=32, dupe_factor=1)
+  assert time.process_time() - start < 5.0  # one token at a time from the front: minutes
+  for ex in exs:
+    a, b = split_ab(ex)
+    assert len(a) + len(b) == 29 and a == list(range(a[0], a[0] + len(a)))
+
