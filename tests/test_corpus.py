@@ -54,9 +54,12 @@ def test_shipped_corpus_is_tab_format_with_enough_lines():
   assert all(len(d) == 2 and all(d) for d in docs)
 
 
-def test_control_characters_are_stripped_not_fatal(tmp_path):
+def test_control_characters_are_dropped_and_counted(tmp_path):
   path = write(tmp_path, "he\x00llo\x07 world.\r\nnext\x1b line.\n")
-  assert read(path, fmt="plain") == [["hello world.", "next line."]]
+  stats = corpus.CorpusStats()
+  assert read(path, fmt="plain", stats=stats) == [["hello world.", "next line."]]
+  assert stats.count("control_chars") == 3
+  assert_one_line_naming(stats.warnings(), path, "line 1")
 
 
 def test_max_documents_caps_the_documents(tmp_path):
@@ -64,13 +67,14 @@ def test_max_documents_caps_the_documents(tmp_path):
   assert len(read(path, max_documents=3)) == 3
 
 
-def test_file_is_streamed_not_read_whole(tmp_path):
-  # The first document comes back before the reader reaches the bad bytes.
-  path = write(tmp_path, b"first doc.\n\n" + b"x" * 100 + b"\n\xff\n")
+def test_file_is_read_in_blocks_not_whole(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, "_BLOCK_BYTES", 64)
+  path = write(tmp_path, "first doc.\n\n" + "".join(f"line {i}.\n" for i in range(100)))
   docs = corpus.read_documents(path, fmt="plain")
   assert next(docs) == ["first doc."]
-  with pytest.raises(CorpusError):
-    next(docs)
+  with open(path, "r+b") as f:  # what the reader has not reached yet is not read
+    f.truncate(100)
+  assert len(next(docs)) < 20
 
 
 # --- built-in ---
@@ -103,6 +107,11 @@ def assert_names_file(error, path):
   assert path in message and "\n" not in message
 
 
+def assert_one_line_naming(warnings, path, where):
+  assert len(warnings) == 1
+  assert path in warnings[0] and where in warnings[0] and "\n" not in warnings[0]
+
+
 def test_missing_file_raises_naming_it(tmp_path):
   path = str(tmp_path / "missing.txt")
   with pytest.raises(CorpusError, match="does not exist") as e:
@@ -125,25 +134,126 @@ def test_file_without_text_raises_naming_it(tmp_path, content, fmt):
   assert_names_file(e, path)
 
 
-def test_undecodable_bytes_raise_naming_file_line_and_offset(tmp_path):
-  path = write(tmp_path, b"good line.\nbad \xc3\x28 here.\n")
-  with pytest.raises(CorpusError, match=r"not UTF-8.*line 2 \(byte offset 15\)") as e:
-    read(path, fmt="plain")
+def test_bytes_that_are_not_utf8_are_replaced_and_counted(tmp_path):
+  path = write(tmp_path, b"good line.\nbad \xc3\x28 here \xff.\n")
+  stats = corpus.CorpusStats()
+  assert read(path, fmt="plain", stats=stats) == [["good line.", "bad \ufffd( here \ufffd."]]
+  assert stats.count("invalid_utf8") == 2
+  assert_one_line_naming(stats.warnings(), path, "line 2")
+
+
+@pytest.mark.parametrize("head,what", [
+    (b"\x1f\x8b\x08\x00", "gzip"), (b"PK\x03\x04", "zip"),
+    ("a line of text.\n".encode("utf-16"), "UTF-16"),
+    (bytes(range(256)) * 40, "not look like UTF-8")])
+def test_compressed_utf16_or_binary_file_raises_naming_it(tmp_path, head, what):
+  path = write(tmp_path, head + b"\x00" * 100)
+  with pytest.raises(CorpusError, match=what) as e:
+    corpus.read_documents(path)
   assert_names_file(e, path)
 
 
-def test_tab_line_without_exactly_one_tab_raises_naming_file_and_line(tmp_path):
-  path = write(tmp_path, "a\tb\n\nc\td\te\n")
-  with pytest.raises(CorpusError, match="line 3.*found 2 tabs") as e:
+def test_utf8_byte_order_mark_crlf_and_cr_line_ends_are_accepted(tmp_path):
+  expected = [["one.", "two."], ["three."]]
+  for i, content in enumerate([b"\xef\xbb\xbfone.\r\ntwo.\r\n\r\nthree.\r\n",
+                               b"one.\rtwo.\r\rthree.\r"]):
+    stats = corpus.CorpusStats()
+    assert read(write(tmp_path, content, f"c{i}.txt"), stats=stats) == expected
+    assert stats.warnings() == []
+
+
+def test_crlf_split_across_read_blocks_is_one_line_end(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, "_BLOCK_BYTES", 5)
+  path = write(tmp_path, b"abcd\r\nefgh\r\nij\r\n\r\nkl\r\n")
+  assert read(path, fmt="plain") == [["abcd", "efgh", "ij"], ["kl"]]
+
+
+def test_a_10_megabyte_line_is_cut_into_pieces_and_counted(tmp_path):
+  words = ("word " * 2_000_000).encode()  # 10 MB, one line
+  path = write(tmp_path, b"short.\n" + words + "\u00e9 end.\n".encode() + b"\nnext doc.\n")
+  stats = corpus.CorpusStats()
+  docs = read(path, fmt="plain", stats=stats)
+  assert docs[1] == ["next doc."]
+  pieces = docs[0][1:]
+  assert len(pieces) == 10 and max(len(p.encode()) for p in pieces) <= corpus.MAX_LINE_BYTES
+  assert pieces[-1].endswith("\u00e9 end.") and stats.count("invalid_utf8") == 0
+  assert stats.count("long_lines") == 1
+  assert_one_line_naming(stats.warnings(), path, "line 2")
+
+
+def test_tab_line_without_exactly_one_tab_is_skipped_and_counted(tmp_path):
+  path = write(tmp_path, "a\tb\n\nc\td\te\nno tab\nf\tg\n")
+  stats = corpus.CorpusStats()
+  assert read(path, fmt="tab", stats=stats) == [["a", "b"], ["f", "g"]]
+  assert stats.count("tab_lines_skipped") == 2
+  assert_one_line_naming(stats.warnings(), path, "line 3")
+
+
+def test_tab_line_with_an_empty_half_is_skipped_and_counted(tmp_path):
+  path = write(tmp_path, "a\tb\nc\t  \nd\te\n")
+  stats = corpus.CorpusStats()
+  assert read(path, fmt="tab", stats=stats) == [["a", "b"], ["d", "e"]]
+  assert_one_line_naming(stats.warnings(), path, "line 2")
+
+
+def test_tab_line_over_the_line_limit_is_skipped_whole(tmp_path):
+  path = write(tmp_path, "a\tb\n" + "x" * (2 * corpus.MAX_LINE_BYTES + 5) + "\ty\nc\td\n")
+  stats = corpus.CorpusStats()
+  assert read(path, fmt="tab", stats=stats) == [["a", "b"], ["c", "d"]]
+  assert stats.count("tab_lines_skipped") == 1
+
+
+def test_tab_format_without_any_tab_line_raises_naming_file_and_first_line(tmp_path):
+  path = write(tmp_path, "one sentence.\nanother one.\n")
+  with pytest.raises(CorpusError, match="no 'first half<TAB>second half' line.*line 1") as e:
     read(path, fmt="tab")
   assert_names_file(e, path)
 
 
-def test_tab_line_with_an_empty_half_raises_naming_file_and_line(tmp_path):
-  path = write(tmp_path, "a\tb\nc\t  \n")
-  with pytest.raises(CorpusError, match="line 2.*empty") as e:
-    read(path, fmt="tab")
-  assert_names_file(e, path)
+def test_a_huge_document_is_cut_into_several_and_counted(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, "MAX_DOCUMENT_SENTENCES", 3)
+  path = write(tmp_path, "".join(f"s{i}.\n" for i in range(7)) + "\nother.\n")
+  stats = corpus.CorpusStats()
+  assert [len(d) for d in read(path, fmt="plain", stats=stats)] == [3, 3, 1, 1]
+  assert stats.count("long_documents") == 2
+  assert_one_line_naming(stats.warnings(), path, "line 4")
+
+
+def test_stats_count_documents_sentences_and_one_sentence_documents(tmp_path):
+  path = write(tmp_path, "a.\nb.\n\nc.\n\nd.\n")
+  stats = corpus.CorpusStats()
+  read(path, fmt="plain", stats=stats)
+  assert (stats.documents, stats.sentences, stats.one_sentence_documents) == (3, 4, 2)
+
+
+def test_symlink_loop_raises_naming_it(tmp_path):
+  loop = tmp_path / "loop.txt"
+  os.symlink(loop, loop)
+  with pytest.raises(CorpusError, match="symlink") as e:
+    corpus.read_documents(str(loop))
+  assert_names_file(e, str(loop))
+
+
+def test_a_pipe_raises_naming_it(tmp_path):
+  fifo = str(tmp_path / "fifo")
+  os.mkfifo(fifo)
+  with pytest.raises(CorpusError, match="not a regular file") as e:
+    corpus.read_documents(fifo)
+  assert_names_file(e, fifo)
+
+
+def test_glob_reads_matching_files_in_sorted_order(tmp_path):
+  write(tmp_path, "b1.\n\nb2.\n", "b.txt")
+  write(tmp_path, "a1.\n", "a.txt")
+  write(tmp_path, "ignored.\n", "c.md")
+  assert read(str(tmp_path / "*.txt")) == [["a1."], ["b1."], ["b2."]]
+
+
+def test_glob_matching_nothing_raises_naming_it(tmp_path):
+  spec = str(tmp_path / "*.txt")
+  with pytest.raises(CorpusError, match="matches no files") as e:
+    corpus.read_documents(spec)
+  assert_names_file(e, spec)
 
 
 def test_unknown_format_is_a_config_error(tmp_path):
