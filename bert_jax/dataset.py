@@ -1,30 +1,55 @@
-"""Prepare pre-training data once (corpus -> WordPiece -> NSP pairs), store it
-with TFDS as array_record, and reuse it on later runs.
+"""Prepare pre-training data once, streaming (corpus -> WordPiece -> NSP pairs ->
+array_record), and reuse it on later runs.
+
+One pass over the corpus, in bounded memory whatever its size:
+
+  documents (corpus.py, read lazily)
+    -> train/eval split, per block of up to 1000 documents (seeded shuffle)
+    -> WordPiece, a chunk of ~8k sentences per `encode_batch_flat` call
+    -> per split, windows of up to WINDOW_DOCUMENTS documents / WINDOW_TOKENS
+       tokens; NSP pairs per window (NotNext text from another document of
+       the same window), `dupe_factor` passes per window
+    -> records appended to array_record files as they are made.
+
+A WordPiece vocabulary, when trained, is learned first from the first
+`data.vocab_sample_bytes` of training text (a second, bounded read).
 
 Layout under `cache_dir`:
 
-  <key>/                      `Prepared.directory`; key = hash of the settings
-    settings.json             what the data was made from (for people)
-    tokenizer/                vocab.txt + tokenizer_config.json
-    bert_pretraining/seq<L>-<hash>/1.0.0/   TFDS dataset, splits 'train', 'eval'
+  <key>/                  `Prepared.directory`; key = hash of the settings
+    settings.json         what the data was made from (for people)
+    stats.json            counts: documents, sentences, tokens, repaired input, examples
+    tokenizer/            vocab.txt + tokenizer_config.json
+    seq<L>/               info.json, train.array_record, eval.array_record
 
-`tokenizer/` is written last and atomically, so it marks a complete
-preparation: a directory without it is debris of a failed run and is removed.
-Each seq_len dataset is complete once TFDS has renamed its `incomplete.*` dir.
+A fresh preparation is written to `.<key>.tmp-<host>-<pid>/` and renamed to
+`<key>/` when complete; a seq_len added later is written to
+`<key>/.seq<L>.tmp-<host>-<pid>/` and renamed to `seq<L>/`. So whatever
+exists under its final name is complete, and a crash leaves only `.tmp`
+debris, which is never read and is removed by a later run.
+
+Record format (one record per example, dtype in info.json: uint16 when the
+vocabulary fits, else int32): [n_a, n, label, input_ids[L]], where n_a is the
+length of `[CLS] A [SEP]` and n the used length; segment ids and input mask
+follow from them.
+
+Shapes: K examples, L = seq_len.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import itertools
 import json
-import logging
 import os
 import random
 import shutil
+import socket
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -36,12 +61,24 @@ from bert_jax import pretraining_data
 from bert_jax.errors import ConfigError, CorpusError
 from bert_jax.tokenizer import VOCAB_FILE, Tokenizer
 
-# Bump when the way examples are made changes, so old caches are not reused.
-DATA_VERSION = 1
+# Bump when the way examples are made or stored changes, so old caches are not reused.
+DATA_VERSION = 2
 TOKENIZER_DIR = "tokenizer"
 SETTINGS_FILE = "settings.json"
+STATS_FILE = "stats.json"
+INFO_FILE = "info.json"
 MIN_DOCS_PER_SPLIT = 2  # NotNext takes its B from another document of the split
-_TOKENIZE_CHUNK = 10_000  # sentences per encode_batch call, bounds memory
+SPLIT_BLOCK_DOCUMENTS = 1000  # train/eval are drawn per block of documents
+SPLIT_BLOCK_CHARS = 32 << 20
+WINDOW_DOCUMENTS = 4096  # NotNext partners come from the same window
+WINDOW_TOKENS = 8_000_000
+TOKENIZE_SENTENCES = 8192  # per encode_batch_flat call
+TOKENIZE_CHARS = 2 << 20
+_SPANS_PER_BLOCK = 4096
+_HEADER = 3  # n_a, n, label
+_WRITER_OPTIONS = "group_size:1"  # random access: one record per chunk
+_PROGRESS_SECONDS = 30.0
+DEFAULT_VOCAB_SAMPLE_BYTES = 100_000_000
 
 
 @dataclasses.dataclass
@@ -61,34 +98,104 @@ def prepare(data_config: ml_collections.ConfigDict, seq_lens: Sequence[int], cac
   for l in seq_lens:
     if l < 5:
       raise ConfigError(f"train.seq_lens must all be at least 5 ([CLS] a [SEP] b [SEP]), got {l}")
-  directory = os.path.join(os.path.abspath(cache_dir), _hash(settings))
-  tokenizer_dir = os.path.join(directory, TOKENIZER_DIR)
-  complete = os.path.isfile(os.path.join(tokenizer_dir, VOCAB_FILE))
-  with _quiet_tfds():
-    missing = seq_lens if not complete else [
-        l for l in seq_lens if not _builder(directory, settings, l).is_prepared()]
+  cache_dir = os.path.abspath(cache_dir)
+  key = _hash(settings)
+  directory = os.path.join(cache_dir, key)
+  _remove_stale(cache_dir, f".{key}.tmp-")
+  complete = _is_complete(directory)
+  if not complete and os.path.exists(directory):
+    shutil.rmtree(directory)  # not made by this version's atomic rename: debris
+  if complete:
+    _remove_stale(directory, ".seq")
+  missing = [l for l in seq_lens if not (complete and os.path.isdir(_seq_dir(directory, l)))]
   if missing:
     print(f"Preparing pre-training data from '{data_config.corpus}' for seq_len "
           f"{', '.join(map(str, missing))} in {directory}", flush=True)
-    if not complete and os.path.exists(directory):
-      shutil.rmtree(directory)  # debris of a run that failed before finishing
-    try:
-      with _quiet_tfds():
-        _build(data_config, settings, directory, missing, seed, reuse_tokenizer=complete)
-    except BaseException:
-      if complete:  # keep the good data of earlier runs, drop only this attempt's
-        for l in missing:
-          _remove_incomplete(_builder(directory, settings, l))
-      else:
-        shutil.rmtree(directory, ignore_errors=True)
-      raise
-  tokenizer = Tokenizer.load(tokenizer_dir)
+    if complete:
+      _add_seq_lens(data_config, settings, directory, missing, seed)
+    else:
+      _prepare_fresh(data_config, settings, cache_dir, directory, key, missing, seed)
+  tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER_DIR))
   train, eval_ = {}, {}
-  with _quiet_tfds():
-    for l in seq_lens:
-      sources = _builder(directory, settings, l).as_data_source()
-      train[l], eval_[l] = sources["train"], sources["eval"]
+  for l in seq_lens:
+    train[l], eval_[l] = open_split(directory, l, "train"), open_split(directory, l, "eval")
   return Prepared(tokenizer=tokenizer, train=train, eval=eval_, directory=directory)
+
+
+def _prepare_fresh(c, settings: dict, cache_dir: str, directory: str, key: str,
+                   seq_lens: list[int], seed: int) -> None:
+  staging = os.path.join(cache_dir, f".{key}.tmp-{_owner()}")
+  try:
+    os.makedirs(staging)
+    tokenizer = _make_tokenizer(c, seed)
+    stats = _write_examples(c, tokenizer, {l: _seq_dir(staging, l) for l in seq_lens}, seed)
+    _write_json(os.path.join(staging, STATS_FILE), stats)
+    _write_json(os.path.join(staging, SETTINGS_FILE), settings)
+    tokenizer.save(os.path.join(staging, TOKENIZER_DIR))
+    try:
+      os.rename(staging, directory)  # atomic: the whole preparation appears at once
+    except OSError:
+      if not _is_complete(directory):  # not another process's finished copy
+        raise
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _add_seq_lens(c, settings: dict, directory: str, seq_lens: list[int], seed: int) -> None:
+  """Adds seq_lens to a complete preparation, with its stored tokenizer."""
+  del settings
+  tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER_DIR))
+  stagings = {l: os.path.join(directory, f".seq{l}.tmp-{_owner()}") for l in seq_lens}
+  try:
+    _write_examples(c, tokenizer, stagings, seed)
+    for l, staging in stagings.items():
+      os.rename(staging, _seq_dir(directory, l))
+  finally:
+    for staging in stagings.values():
+      shutil.rmtree(staging, ignore_errors=True)
+
+
+def _is_complete(directory: str) -> bool:
+  return (os.path.isfile(os.path.join(directory, TOKENIZER_DIR, VOCAB_FILE))
+          and os.path.isfile(os.path.join(directory, SETTINGS_FILE)))
+
+
+def _seq_dir(directory: str, seq_len: int) -> str:
+  return os.path.join(directory, f"seq{seq_len}")
+
+
+def _owner() -> str:
+  return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _remove_stale(directory: str, prefix: str) -> None:
+  """Removes `<prefix>*.tmp-<host>-<pid>` debris of dead processes on this host."""
+  if not os.path.isdir(directory):
+    return
+  host = socket.gethostname()
+  for name in os.listdir(directory):
+    if not name.startswith(prefix) or ".tmp-" not in name:
+      continue
+    owner_host, _, pid = name.rpartition(".tmp-")[2].rpartition("-")
+    if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
 
 
 # --- settings ---
@@ -116,7 +223,10 @@ def _settings(c: ml_collections.ConfigDict, seed: int) -> dict:
     with open(c.vocab_file, "rb") as f:
       vocab = {"file_sha256": hashlib.sha256(f.read()).hexdigest()}
   else:
-    vocab = {"trained_size": int(c.vocab_size)}
+    sample = int(c.get("vocab_sample_bytes", DEFAULT_VOCAB_SAMPLE_BYTES))
+    if sample < 1:
+      raise ConfigError(f"data.vocab_sample_bytes must be >= 1, got {sample}")
+    vocab = {"trained_size": int(c.vocab_size), "sample_bytes": sample}
   vocab["lowercase"] = bool(c.lowercase)
   return {
       "data_version": DATA_VERSION,
@@ -129,6 +239,8 @@ def _settings(c: ml_collections.ConfigDict, seed: int) -> dict:
       "eval_fraction": float(c.eval_fraction),
       "max_eval_examples": int(c.max_eval_examples),
       "seed": int(seed),
+      "blocks": {"split_documents": SPLIT_BLOCK_DOCUMENTS, "split_chars": SPLIT_BLOCK_CHARS,
+                 "window_documents": WINDOW_DOCUMENTS, "window_tokens": WINDOW_TOKENS},
   }
 
 
@@ -136,210 +248,355 @@ def _hash(obj: Any) -> str:
   return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
 
 
-# --- building ---
+# --- documents: split, vocabulary, tokens ---
 
 
-def _build(c: ml_collections.ConfigDict, settings: dict, directory: str, seq_lens: list[int],
-           seed: int, reuse_tokenizer: bool) -> None:
-  docs = list(corpus.read_documents(c.corpus, c.format, c.max_documents))
-  train_docs, eval_docs = _split(docs, c.eval_fraction, seed, c.corpus)
-  del docs
-  tokenizer_dir = os.path.join(directory, TOKENIZER_DIR)
-  if reuse_tokenizer:
-    tokenizer = Tokenizer.load(tokenizer_dir)
-  elif c.vocab_file:
-    tokenizer = Tokenizer.from_vocab_file(c.vocab_file, c.lowercase)
-  else:
-    # Train split only: the eval text must stay unseen, vocabulary included.
-    tokenizer = Tokenizer.train((s for d in train_docs for s in d), c.vocab_size, c.lowercase)
-  train_ids = _tokenize(tokenizer, train_docs)
-  eval_ids = _tokenize(tokenizer, eval_docs)
-  del train_docs, eval_docs
-  for name, split in (("training", train_ids), ("evaluation", eval_ids)):
-    if len(split) < MIN_DOCS_PER_SPLIT:
-      raise CorpusError(
-          f"corpus '{c.corpus}' has {len(split)} {name} document(s) with any tokens; "
-          f"need at least {MIN_DOCS_PER_SPLIT}")
-
-  if _is_tab_format(c):
-    make = pretraining_data.create_pair_examples
-    kwargs = {}
-  else:
-    make = pretraining_data.create_examples
-    kwargs = dict(short_seq_prob=c.short_seq_prob)
-  for seq_len in seq_lens:
-    kwargs.update(max_seq_length=seq_len, dupe_factor=c.dupe_factor, cls_id=tokenizer.cls_id,
-                  sep_id=tokenizer.sep_id)
-    train = make(train_ids, seed=seed, **kwargs)
-    # A different seed so eval pairs are not drawn in lockstep with train pairs.
-    evals = make(eval_ids, seed=seed + 1, **kwargs)
-    if c.max_eval_examples:
-      evals = itertools.islice(evals, c.max_eval_examples)
-    splits = {}
-    for split_name, examples in (("train", train), ("eval", evals)):
-      first = next(examples, None)
-      if first is None:  # e.g. tab lines whose halves tokenize to nothing
-        raise CorpusError(f"corpus '{c.corpus}' makes no {split_name} examples at "
-                          f"seq_len {seq_len}; it needs 2 documents with text per split")
-      splits[split_name] = itertools.chain([first], examples)
-    builder = _builder(directory, settings, seq_len, splits)
-    _remove_incomplete(builder)
-    with tempfile.TemporaryDirectory() as downloads:  # nothing is downloaded
-      builder.download_and_prepare(download_dir=downloads,
-                                   download_config=_download_config())
-
-  if not reuse_tokenizer:
-    # Last step, atomic: its presence marks the whole preparation complete.
-    staging = tempfile.mkdtemp(prefix=".tokenizer-", dir=directory)
-    tokenizer.save(staging)
-    with open(os.path.join(staging, SETTINGS_FILE), "w", encoding="utf-8") as f:
-      json.dump(settings, f, indent=2, sort_keys=True)
-    os.replace(os.path.join(staging, SETTINGS_FILE), os.path.join(directory, SETTINGS_FILE))
-    os.rename(staging, tokenizer_dir)
+def _documents(c: ml_collections.ConfigDict, seed: int,
+               stats: corpus.CorpusStats) -> Iterator[tuple[bool, list[str]]]:
+  """(is_eval, document) for the whole corpus, in corpus order."""
+  docs = corpus.read_documents(c.corpus, c.format, c.max_documents, stats=stats)
+  return split_documents(docs, c.eval_fraction, seed, c.corpus)
 
 
-def _is_tab_format(c: ml_collections.ConfigDict) -> bool:
-  if c.format == "tab":
-    return True
-  is_file = c.corpus != corpus.BUILTIN and not c.corpus.startswith(corpus.TFDS_PREFIX)
-  return c.format == "auto" and is_file and corpus.detect_format(c.corpus) == "tab"
+def split_documents(docs: Iterator[list[str]], eval_fraction: float, seed: int,
+                    spec: str) -> Iterator[tuple[bool, list[str]]]:
+  """Deterministic document-level split: (is_eval, document), in corpus order.
 
-
-def _split(docs: list[list[str]], eval_fraction: float, seed: int,
-           spec: str) -> tuple[list[list[str]], list[list[str]]]:
-  """Deterministic document-level split (no document is in both)."""
+  Documents are taken in blocks of SPLIT_BLOCK_DOCUMENTS (or SPLIT_BLOCK_CHARS
+  of text); each block sends a seeded random choice of its documents to eval,
+  as many as keep the running total at `eval_fraction` of all documents so far.
+  The first block holds at least four documents and sends at least two to
+  each split (NotNext needs two documents). A corpus of one block is split
+  exactly as a whole-corpus shuffle would.
+  """
+  block: list[list[str]] = []
+  chars = seen = n_eval = index = 0
   need = 2 * MIN_DOCS_PER_SPLIT
-  if len(docs) < need:
-    n_sentences = sum(len(d) for d in docs)
+  for doc in docs:
+    block.append(doc)
+    chars += sum(map(len, doc))
+    if len(block) >= max(need, SPLIT_BLOCK_DOCUMENTS) or (
+        chars >= SPLIT_BLOCK_CHARS and len(block) >= need):
+      seen += len(block)
+      n_eval += yield from _assign(block, index, round(eval_fraction * seen) - n_eval, seed)
+      block, chars, index = [], 0, index + 1
+  if index == 0 and len(block) < need:
     raise CorpusError(
-        f"corpus '{spec}' is too small: {len(docs)} document(s), {n_sentences} sentence(s); "
-        f"need at least {need} documents ({MIN_DOCS_PER_SPLIT} to train on, "
-        f"{MIN_DOCS_PER_SPLIT} held out for eval)")
-  order = list(range(len(docs)))
-  random.Random(seed).shuffle(order)
-  n_eval = min(max(MIN_DOCS_PER_SPLIT, round(eval_fraction * len(docs))),
-               len(docs) - MIN_DOCS_PER_SPLIT)
-  # Sorted so each split keeps corpus order (neighbouring documents stay close).
-  eval_docs = [docs[i] for i in sorted(order[:n_eval])]
-  train_docs = [docs[i] for i in sorted(order[n_eval:])]
-  return train_docs, eval_docs
+        f"corpus '{spec}' is too small: {len(block)} document(s), "
+        f"{sum(map(len, block))} sentence(s); need at least {need} documents "
+        f"({MIN_DOCS_PER_SPLIT} to train on, {MIN_DOCS_PER_SPLIT} held out for eval)")
+  if block:
+    seen += len(block)
+    yield from _assign(block, index, round(eval_fraction * seen) - n_eval, seed)
 
 
-def _tokenize(tokenizer: Tokenizer, docs: list[list[str]]) -> list[list[list[int]]]:
-  """Documents of sentences -> documents of token-id sentences (empty ones dropped)."""
-  flat = [s for d in docs for s in d]
-  ids: list[list[int]] = []
-  for start in range(0, len(flat), _TOKENIZE_CHUNK):
-    ids.extend(tokenizer.encode_batch(flat[start:start + _TOKENIZE_CHUNK]))
-  out, pos = [], 0
-  for d in docs:
-    sentences = [s for s in ids[pos:pos + len(d)] if s]
-    pos += len(d)
-    if sentences:
-      out.append(sentences)
-  return out
+def _assign(block: list[list[str]], index: int, n_eval: int,
+            seed: int) -> Iterator[tuple[bool, list[str]]]:
+  if index == 0:
+    n_eval = min(max(MIN_DOCS_PER_SPLIT, n_eval), len(block) - MIN_DOCS_PER_SPLIT)
+  n_eval = min(max(0, n_eval), len(block))
+  order = list(range(len(block)))
+  random.Random(seed if index == 0 else f"{seed}:split:{index}").shuffle(order)
+  chosen = set(order[:n_eval])
+  for i, doc in enumerate(block):
+    yield i in chosen, doc
+  return n_eval
 
 
-# --- TFDS ---
+def _make_tokenizer(c: ml_collections.ConfigDict, seed: int) -> Tokenizer:
+  if c.vocab_file:
+    return Tokenizer.from_vocab_file(c.vocab_file, c.lowercase)
+  # Train split only: the eval text must stay unseen, vocabulary included.
+  texts = _vocab_sample(_documents(c, seed, corpus.CorpusStats()),
+                        int(c.get("vocab_sample_bytes", DEFAULT_VOCAB_SAMPLE_BYTES)))
+  return Tokenizer.train(texts, c.vocab_size, c.lowercase)
 
 
-def _builder(directory: str, settings: dict, seq_len: int,
-             splits: dict[str, Iterator[dict]] | None = None):
-  import tensorflow_datasets as tfds
-  name = f"seq{seq_len}-{_hash({'settings': settings, 'seq_len': seq_len})}"
-  config = tfds.core.BuilderConfig(name=name, description=json.dumps(settings, sort_keys=True))
-  return _builder_class()(seq_len=seq_len, splits=splits, config=config, data_dir=directory,
-                          file_format="array_record")
+def _vocab_sample(docs: Iterator[tuple[bool, list[str]]], max_chars: int) -> Iterator[str]:
+  """Training sentences until `max_chars` of text; reading stops there."""
+  n = 0
+  for is_eval, doc in docs:
+    if is_eval:
+      continue
+    for sentence in doc:
+      yield sentence
+      n += len(sentence)
+    if n >= max_chars:
+      return
 
 
-@contextlib.contextmanager
-def _quiet_tfds():
-  """TFDS logs warnings and progress bars that mean nothing to our users."""
-  from tensorflow_datasets.core.utils import tqdm_utils
-  absl_logger = logging.getLogger("absl")
-  old_level, old_bar = absl_logger.level, tqdm_utils._active
-  absl_logger.setLevel(logging.ERROR)
-  tqdm_utils._active = False
+def _tokenized(docs: Iterator[tuple[bool, list[str]]], tokenizer: Tokenizer, pairs: bool,
+               counts: dict) -> Iterator[tuple[bool, np.ndarray, list[int]]]:
+  """(is_eval, ids int32 [T], sentence lengths) per document with tokens, in chunks."""
+  chunk: list[tuple[bool, list[str]]] = []
+  sentences = chars = 0
+  for is_eval, doc in docs:
+    chunk.append((is_eval, doc))
+    sentences += len(doc)
+    chars += sum(map(len, doc))
+    if sentences >= TOKENIZE_SENTENCES or chars >= TOKENIZE_CHARS:
+      yield from _tokenize_chunk(chunk, tokenizer, pairs, counts)
+      chunk, sentences, chars = [], 0, 0
+  yield from _tokenize_chunk(chunk, tokenizer, pairs, counts)
+
+
+def _tokenize_chunk(chunk: list[tuple[bool, list[str]]], tokenizer: Tokenizer, pairs: bool,
+                    counts: dict) -> Iterator[tuple[bool, np.ndarray, list[int]]]:
+  if not chunk:
+    return
+  flat, lengths = tokenizer.encode_batch_flat([s for _, doc in chunk for s in doc])
+  lengths = lengths.tolist()
+  counts["tokens"] += len(flat)
+  tok = sent = 0
+  for is_eval, doc in chunk:
+    lens = lengths[sent:sent + len(doc)]
+    sent += len(doc)
+    n = sum(lens)
+    ids = flat[tok:tok + n]
+    tok += n
+    kept = [l for l in lens if l]
+    if not kept or (pairs and len(kept) != 2):
+      counts["documents_without_tokens" if not kept else "pairs_with_an_empty_half"] += 1
+      continue
+    yield is_eval, ids, kept
+
+
+class _WindowBuffer:
+  """Documents of one split until a window is full; the last two always wait.
+
+  Holding two back means the final window has at least two documents too, so
+  every document of a split with two or more gets a NotNext partner.
+  """
+
+  def __init__(self):
+    self.docs: list[tuple[np.ndarray, list[int]]] = []
+    self.tokens = 0
+    self.total = 0
+
+  def add(self, ids: np.ndarray, lengths: list[int]) -> pretraining_data.Window | None:
+    self.docs.append((ids, lengths))
+    self.tokens += len(ids)
+    self.total += 1
+    ready = len(self.docs) - 2
+    ready_tokens = self.tokens - len(self.docs[-1][0]) - len(self.docs[-2][0]) if ready > 0 else 0
+    if ready >= 2 and (ready >= WINDOW_DOCUMENTS or ready_tokens >= WINDOW_TOKENS):
+      out, self.docs = self.docs[:-2], self.docs[-2:]
+      self.tokens -= ready_tokens
+      return _window(out)
+    return None
+
+  def finish(self) -> pretraining_data.Window | None:
+    out, self.docs, self.tokens = self.docs, [], 0
+    return _window(out) if len(out) >= 2 else None
+
+
+def _window(docs: list[tuple[np.ndarray, list[int]]]) -> pretraining_data.Window:
+  return pretraining_data.Window.from_flat(np.concatenate([ids for ids, _ in docs]),
+                                           [lengths for _, lengths in docs])
+
+
+# --- examples -> records ---
+
+
+def _write_examples(c: ml_collections.ConfigDict, tokenizer: Tokenizer,
+                    out_dirs: dict[int, str], seed: int) -> dict:
+  """One streaming pass: every seq_len's train and eval records; returns the stats."""
+  start = time.perf_counter()
+  pairs = corpus.resolve_format(c.corpus, c.format) == "tab"
+  seq_lens = sorted(out_dirs)
+  big = tokenizer.vocab_size > 65536 or max(seq_lens) + 1 > 65535
+  dtype = np.dtype(np.int32 if big else np.uint16)
+  cap = int(c.max_eval_examples) or None
+  writers = {(l, s): _RecordWriter(os.path.join(out_dirs[l], f"{s}.array_record"))
+             for l in seq_lens for s in ("train", "eval")}
+  corpus_stats = corpus.CorpusStats()
+  counts = {"tokens": 0, "documents_without_tokens": 0, "pairs_with_an_empty_half": 0}
+  buffers = {"train": _WindowBuffer(), "eval": _WindowBuffer()}
+  windows = {"train": 0, "eval": 0}
+  progress = _Progress(start, corpus_stats, counts)
+
+  def emit(split: str, window: pretraining_data.Window | None) -> None:
+    if window is None:
+      return
+    rng_seed = f"{seed}:{split}:{windows[split]}"
+    windows[split] += 1
+    for l in seq_lens:
+      writer = writers[(l, split)]
+      limit = cap if split == "eval" else None
+      if limit is not None and writer.count >= limit:
+        continue
+      rng = random.Random(rng_seed)
+      spans = (pretraining_data.pair_spans(window, l, c.dupe_factor, rng) if pairs else
+               pretraining_data.document_spans(window, l, c.short_seq_prob, c.dupe_factor, rng))
+      while block := list(itertools.islice(spans, _SPANS_PER_BLOCK)):
+        if limit is not None:
+          block = block[:limit - writer.count]
+        writer.write_rows(_rows(window.tokens_T, np.asarray(block, np.int64), l, tokenizer,
+                                dtype))
+        if limit is not None and writer.count >= limit:
+          break
+
   try:
-    yield
+    docs = _documents(c, seed, corpus_stats)
+    for is_eval, ids, lengths in _tokenized(docs, tokenizer, pairs, counts):
+      split = "eval" if is_eval else "train"
+      if split == "eval" and cap and all(writers[(l, "eval")].count >= cap for l in seq_lens):
+        buffers[split].total += 1  # counted, but no more eval examples are needed
+        continue
+      emit(split, buffers[split].add(ids, lengths))
+      progress.maybe_print()
+    for split, buffer in buffers.items():
+      if buffer.total < MIN_DOCS_PER_SPLIT:
+        name = "training" if split == "train" else "evaluation"
+        raise CorpusError(
+            f"corpus '{c.corpus}' has {buffer.total} {name} document(s) with any tokens; "
+            f"need at least {MIN_DOCS_PER_SPLIT}")
+      emit(split, buffer.finish())
   finally:
-    absl_logger.setLevel(old_level)
-    tqdm_utils._active = old_bar
+    for writer in writers.values():
+      writer.close()
+
+  seconds = time.perf_counter() - start
+  examples = {}
+  for l in seq_lens:
+    n = {s: writers[(l, s)].count for s in ("train", "eval")}
+    examples[l] = n
+    _write_json(os.path.join(out_dirs[l], INFO_FILE), {
+        "seq_len": l, "dtype": dtype.name, "train": n["train"], "eval": n["eval"],
+        "record": "[n_a, n, label, input_ids[seq_len]]"})
+  stats = {**corpus_stats.to_dict(), **counts, "seconds": round(seconds, 3),
+           "tokens_per_second": round(counts["tokens"] / max(seconds, 1e-9)),
+           "windows": windows, "examples": {str(l): n for l, n in examples.items()},
+           "documents_by_split": {s: b.total for s, b in buffers.items()}}
+  summary = ", ".join(f"seq_len {l}: {n['train']} train / {n['eval']} eval examples"
+                      for l, n in examples.items())
+  print(f"Prepared {summary} from {corpus_stats.documents} documents "
+        f"({corpus_stats.sentences} sentences, {counts['tokens']} tokens) in {seconds:.1f} s "
+        f"({stats['tokens_per_second']} tokens/s)", flush=True)
+  for warning in corpus_stats.warnings():
+    print(f"warning: corpus: {warning}", file=sys.stderr, flush=True)
+  return stats
 
 
-def _download_config():
-  import tensorflow_datasets as tfds
-  # Statistics would need TensorFlow and we never read them.
-  return tfds.download.DownloadConfig(compute_stats=tfds.download.ComputeStatsMode.SKIP)
+def _rows(tokens_T: np.ndarray, spans_Kx5: np.ndarray, seq_len: int, tokenizer: Tokenizer,
+          dtype: np.dtype) -> np.ndarray:
+  """Records [K, 3 + L]: n_a, n, label, input_ids."""
+  rows = np.empty((len(spans_Kx5), _HEADER + seq_len), dtype)
+  rows[:, 0] = spans_Kx5[:, 1] + 2
+  rows[:, 1] = spans_Kx5[:, 1] + spans_Kx5[:, 3] + 3
+  rows[:, 2] = spans_Kx5[:, 4]
+  rows[:, _HEADER:] = pretraining_data.input_ids(tokens_T, spans_Kx5, seq_len,
+                                                 tokenizer.cls_id, tokenizer.sep_id)
+  return rows
 
 
-def _remove_incomplete(builder) -> None:
-  """Deletes TFDS `incomplete.*` dirs left by an interrupted write of this config."""
-  config_dir = os.path.dirname(os.fspath(builder.data_path))
-  if os.path.isdir(config_dir):
-    for entry in os.listdir(config_dir):
-      if entry.startswith("incomplete."):
-        shutil.rmtree(os.path.join(config_dir, entry), ignore_errors=True)
+class _RecordWriter:
+  """Appends records to one array_record file; opened on first use."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self.count = 0
+    self._writer = None
+
+  def write_rows(self, rows: np.ndarray) -> None:
+    if self._writer is None:
+      from array_record.python.array_record_module import ArrayRecordWriter
+      os.makedirs(os.path.dirname(self.path), exist_ok=True)
+      self._writer = ArrayRecordWriter(self.path, _WRITER_OPTIONS)
+    write = self._writer.write
+    for row in rows:
+      write(row.tobytes())
+    self.count += len(rows)
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
 
 
-_BUILDER_CLASS = None
+class _Progress:
+  """A line every 30 s on long preparations (hours on big corpora)."""
+
+  def __init__(self, start: float, stats: corpus.CorpusStats, counts: dict):
+    self.start, self.stats, self.counts = start, stats, counts
+    self.next = start + _PROGRESS_SECONDS
+
+  def maybe_print(self) -> None:
+    now = time.perf_counter()
+    if now < self.next:
+      return
+    self.next = now + _PROGRESS_SECONDS
+    tokens = self.counts["tokens"]
+    print(f"  ... {self.stats.documents} documents, {tokens} tokens, "
+          f"{tokens / (now - self.start):.0f} tokens/s", flush=True)
 
 
-def _builder_class():
-  """The TFDS builder, defined on first use so importing this module stays cheap."""
-  global _BUILDER_CLASS
-  if _BUILDER_CLASS is not None:
-    return _BUILDER_CLASS
-  import tensorflow_datasets as tfds
+# --- reading back ---
 
-  class BertPretraining(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """NSP sentence pairs of one seq_len; config name = hash of the settings."""
 
-    VERSION = tfds.core.Version("1.0.0")
+def open_split(directory: str, seq_len: int, split: str) -> ExampleSource:
+  """The stored examples of one split at one seq_len (a complete preparation)."""
+  seq_dir = _seq_dir(directory, seq_len)
+  with open(os.path.join(seq_dir, INFO_FILE), encoding="utf-8") as f:
+    info = json.load(f)
+  return ExampleSource(os.path.join(seq_dir, f"{split}.array_record"), seq_len, info[split],
+                       info["dtype"])
 
-    # TFDS looks for a checksums file next to the builder's source through
-    # `importlib_resources`, which it does not depend on; we download nothing.
-    @tfds.core.utils.classproperty
-    @classmethod
-    def code_path(cls):
-      return None
 
-    def __init__(self, *, seq_len: int, splits: dict[str, Iterator[dict]] | None, **kwargs):
-      self._seq_len = seq_len
-      self._splits = splits
-      super().__init__(**kwargs)
+class ExampleSource:
+  """Random access to stored examples: `len(src)`, `src[i]`, `src.__getitems__(indices)`.
 
-    def _info(self):
-      seq = lambda: tfds.features.Tensor(shape=(self._seq_len,), dtype=np.int32)
-      return tfds.core.DatasetInfo(
-          builder=self,
-          description="BERT pre-training sentence pairs (masking is done at train time).",
-          features=tfds.features.FeaturesDict({
-              "input_ids": seq(),
-              "segment_ids": seq(),
-              "input_mask": seq(),
-              "next_sentence_label": tfds.features.Tensor(shape=(), dtype=np.int32),
-          }),
-          # Stored in generation order; the input pipeline shuffles each epoch.
-          disable_shuffling=True,
-      )
+  Each example is a dict of `input_ids`, `segment_ids`, `input_mask` int32 [L]
+  and `next_sentence_label` int32 scalar. `__getitems__` decodes a whole
+  batch at once (the input pipeline uses it).
+  """
 
-    def _split_generators(self, dl_manager):
-      del dl_manager
-      if self._splits is None:
-        raise RuntimeError("BertPretraining built without examples cannot be prepared")
-      return {name: self._generate_examples(ex) for name, ex in self._splits.items()}
+  def __init__(self, path: str, seq_len: int, num_examples: int, dtype: str):
+    self.path = path
+    self.seq_len = seq_len
+    self._n = int(num_examples)
+    self._dtype = np.dtype(dtype)
+    self._reader = None
+    self._lock = threading.Lock()
 
-    def _generate_examples(self, examples):
-      for i, example in enumerate(examples):
-        yield i, example
+  def __len__(self) -> int:
+    return self._n
 
-    # The builder prints two bold lines of its own; prepare() prints one.
-    def _log_download_bytes(self) -> None:
-      pass
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return self.__getitems__([index])[0]
 
-    def _log_download_done(self) -> None:
-      pass
+  def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    keys = []
+    for i in indices:
+      i = int(i)
+      if i < 0:
+        i += self._n
+      if not 0 <= i < self._n:
+        raise IndexError(f"example {i} is out of range for {self._n} examples in {self.path}")
+      keys.append(i)
+    if not keys:
+      return []
+    with self._lock:
+      if self._reader is None:
+        from array_record.python.array_record_module import ArrayRecordReader
+        self._reader = ArrayRecordReader(self.path, "readahead_buffer_size:0")
+      records = self._reader.read(keys)
+    rows_KxR = np.frombuffer(b"".join(records), self._dtype).reshape(len(keys), -1)
+    arrays = _decode(rows_KxR, self.seq_len)
+    return [{name: arrays[name][k] for name in pretraining_data.FEATURES}
+            for k in range(len(keys))]
 
-  _BUILDER_CLASS = BertPretraining
-  return _BUILDER_CLASS
+  def __repr__(self) -> str:
+    return f"ExampleSource({self.path!r}, seq_len={self.seq_len}, examples={self._n})"
+
+
+def _decode(rows_KxR: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+  n_a_Kx1 = rows_KxR[:, 0:1].astype(np.int32)
+  n_Kx1 = rows_KxR[:, 1:2].astype(np.int32)
+  pos_1xL = np.arange(seq_len, dtype=np.int32)[None, :]
+  return {
+      "input_ids": rows_KxR[:, _HEADER:].astype(np.int32),
+      "segment_ids": ((pos_1xL >= n_a_Kx1) & (pos_1xL < n_Kx1)).astype(np.int32),
+      "input_mask": (pos_1xL < n_Kx1).astype(np.int32),
+      "next_sentence_label": rows_KxR[:, 2].astype(np.int32),
+  }

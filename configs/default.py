@@ -20,6 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.format = "auto"  # 'auto' | 'plain' | 'tab'
   c.data.vocab_file = ""  # '' = train a WordPiece vocab on the corpus
   c.data.vocab_size = 30522  # target size when training a vocab
+  c.data.vocab_sample_bytes = 100_000_000  # a trained vocab learns from this much text
   c.data.lowercase = True
   c.data.short_seq_prob = 0.1
   c.data.dupe_factor = 5  # passes over the corpus, each with fresh pairs
@@ -62,6 +63,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.weight_decay = 0.01
   c.train.max_grad_norm = 1.0
   c.train.grad_accum_steps = 1
+  # A step whose loss or gradient is NaN/inf is skipped (changes nothing);
+  # this many in a row stop the run with an error.
+  c.train.max_consecutive_nonfinite = 10
   # Two-phase sequence length: fraction of steps, max length, max predictions.
   c.train.phase_fractions = (0.9, 0.1)
   c.train.seq_lens = (128, 512)

@@ -2,6 +2,8 @@
 
 import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -135,19 +137,19 @@ def test_too_small_corpus_raises_with_counts_and_leaves_nothing(tmp_path, cache)
 
 def test_failure_while_writing_leaves_nothing_and_the_next_run_starts_clean(plain, cache,
                                                                             monkeypatch):
-  real = pretraining_data.create_examples
+  real = pretraining_data.document_spans
 
   def fails_midway(*args, **kwargs):
-    for i, ex in enumerate(real(*args, **kwargs)):
+    for i, span in enumerate(real(*args, **kwargs)):
       if i == 5:
         raise RuntimeError("interrupted")
-      yield ex
+      yield span
 
-  monkeypatch.setattr(pretraining_data, "create_examples", fails_midway)
+  monkeypatch.setattr(pretraining_data, "document_spans", fails_midway)
   with pytest.raises(RuntimeError, match="interrupted"):
     dataset.prepare(data_config(plain), [16], cache, seed=0)
   assert os.listdir(cache) == []
-  monkeypatch.setattr(pretraining_data, "create_examples", real)
+  monkeypatch.setattr(pretraining_data, "document_spans", real)
   assert len(dataset.prepare(data_config(plain), [16], cache, seed=0).train[16]) > 5
 
 
@@ -158,14 +160,49 @@ def test_failure_adding_a_seq_len_keeps_the_earlier_data(plain, cache, monkeypat
     raise RuntimeError("interrupted")
     yield  # pragma: no cover
 
-  monkeypatch.setattr(pretraining_data, "create_examples", fails)
+  monkeypatch.setattr(pretraining_data, "document_spans", fails)
   with pytest.raises(RuntimeError):
     dataset.prepare(data_config(plain), [16, 32], cache, seed=0)
-  leftovers = [d for _, dirs, _ in os.walk(cache) for d in dirs if d.startswith("incomplete")]
-  assert leftovers == []
+  leftovers = [d for _, dirs, _ in os.walk(cache) for d in dirs if ".tmp-" in d]
+  assert leftovers == [] and not os.path.exists(os.path.join(first.directory, "seq32"))
   forbid(monkeypatch, corpus, "read_documents")
   assert len(dataset.prepare(data_config(plain), [16], cache, seed=0).train[16]) == len(
       first.train[16])
+
+
+def test_a_killed_preparation_leaves_only_debris_that_is_never_used(plain, cache, tmp_path):
+  # A hard kill (no cleanup runs) half way through writing examples.
+  code = (
+      "import os, sys; sys.path.insert(0, os.getcwd())\n"
+      "from bert_jax import dataset, pretraining_data\n"
+      "from tests.test_dataset import data_config\n"
+      "real = pretraining_data.document_spans\n"
+      "def dies(*a, **k):\n"
+      "  for i, s in enumerate(real(*a, **k)):\n"
+      "    if i == 5: os._exit(9)\n"
+      "    yield s\n"
+      "pretraining_data.document_spans = dies\n"
+      f"dataset.prepare(data_config({plain!r}), [16], {cache!r}, seed=0)\n")
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  assert subprocess.run([sys.executable, "-c", code], cwd=repo).returncode == 9
+  debris = os.listdir(cache)
+  assert len(debris) == 1 and ".tmp-" in debris[0]  # never under the final name
+  prepared = dataset.prepare(data_config(plain), [16], cache, seed=0)
+  assert os.listdir(cache) == [os.path.basename(prepared.directory)]
+  assert len(prepared.train[16]) > 5
+
+
+def test_a_failing_other_corpus_leaves_a_complete_cache_intact(plain, cache, tmp_path):
+  first = dataset.prepare(data_config(plain), [16], cache, seed=0)
+  before = all_examples(first.train[16])
+  bad = tmp_path / "bad.txt"
+  bad.write_text("Only one.\n\nTwo docs.\n", encoding="utf-8")
+  with pytest.raises(CorpusError):
+    dataset.prepare(data_config(str(bad)), [16], cache, seed=0)
+  assert os.listdir(cache) == [os.path.basename(first.directory)]
+  again = dataset.prepare(data_config(plain), [16], cache, seed=0)
+  assert [e["input_ids"].tolist() for e in all_examples(again.train[16])] == [
+      e["input_ids"].tolist() for e in before]
 
 
 def test_shipped_tab_corpus_makes_train_and_eval_examples(cache):
@@ -278,3 +315,145 @@ def test_bad_data_settings_are_config_errors_naming_the_field(plain, cache, fiel
 def test_seq_len_below_five_is_a_config_error(plain, cache):
   with pytest.raises(ConfigError, match="seq_len"):
     dataset.prepare(data_config(plain), [4], cache, seed=0)
+
+
+# --- streaming: windows, determinism, bounded vocabulary sample ---
+
+
+def write_vocab(tmp_path):
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(WORDS)) + ["."]
+  path = tmp_path / "vocab.txt"
+  path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+  return str(path)
+
+
+def test_same_corpus_seed_and_vocab_give_identical_examples_in_another_cache(plain, tmp_path):
+  # A fixed vocabulary: WordPiece training itself is not deterministic (README).
+  c = data_config(plain, vocab_file=write_vocab(tmp_path))
+  first = dataset.prepare(c, [16], str(tmp_path / "a"), seed=0)
+  second = dataset.prepare(c, [16], str(tmp_path / "b"), seed=0)
+  for split in ("train", "eval"):
+    a, b = getattr(first, split)[16], getattr(second, split)[16]
+    assert [e["input_ids"].tolist() for e in all_examples(a)] == [
+        e["input_ids"].tolist() for e in all_examples(b)]
+
+
+def test_not_next_partners_come_from_the_same_window(tmp_path, cache, monkeypatch):
+  monkeypatch.setattr(dataset, "WINDOW_DOCUMENTS", 3)
+  num_docs = 40
+  path = tmp_path / "docs.txt"  # document i is made of the word d<i> only
+  path.write_text("\n\n".join("\n".join(f"d{i} " * 3 + "." for _ in range(4))
+                              for i in range(num_docs)) + "\n", encoding="utf-8")
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + [f"d{i}" for i in range(num_docs)]
+  (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+  prepared = dataset.prepare(data_config(str(path), vocab_file=str(tmp_path / "vocab.txt"),
+                                         dupe_factor=3), [16], cache, seed=0)
+  doc_of = lambda ids: {i - 6 for i in ids if i >= 6}
+  train = all_examples(prepared.train[16])
+  rank = {d: r for r, d in enumerate(sorted({min(doc_of(e["input_ids"][1:3])) for e in train}))}
+  last = (len(rank) - 2) // 3
+  window = lambda d: min(rank[d] // 3, last)
+  not_next = [e for e in train if e["next_sentence_label"] == 1]
+  assert len(rank) > 20 and last >= 5 and not_next
+  for ex in not_next:
+    n_a = int((ex["segment_ids"] == 0).sum() - (ex["input_mask"] == 0).sum())
+    (a,), (b,) = doc_of(ex["input_ids"][:n_a]), doc_of(ex["input_ids"][n_a:])
+    assert a != b and window(a) == window(b)
+
+
+def test_stored_examples_decode_to_a_consistent_layout(plain, cache):
+  prepared = dataset.prepare(data_config(plain), [32], cache, seed=0)
+  tok = prepared.tokenizer
+  batch = prepared.train[32].__getitems__(range(len(prepared.train[32])))
+  for ex in batch:
+    n = int(ex["input_mask"].sum())
+    seps = np.flatnonzero(ex["input_ids"] == tok.sep_id).tolist()
+    assert ex["input_ids"][0] == tok.cls_id and seps[-1] == n - 1 and len(seps) == 2
+    assert ex["segment_ids"].tolist() == [0] * (seps[0] + 1) + [1] * (n - seps[0] - 1) + [
+        0] * (32 - n)
+    assert (ex["input_ids"][n:] == 0).all() and (ex["input_mask"][:n] == 1).all()
+
+
+def test_a_trained_vocabulary_reads_only_its_sample(plain, cache, monkeypatch):
+  seen = []
+  real = Tokenizer.train.__func__
+
+  def spy(cls, texts, vocab_size, lowercase):
+    texts = list(texts)
+    seen.extend(texts)
+    return real(cls, texts, vocab_size, lowercase)
+
+  monkeypatch.setattr(Tokenizer, "train", classmethod(spy))
+  dataset.prepare(data_config(plain, vocab_sample_bytes=200), [16], cache, seed=0)
+  assert 200 <= sum(map(len, seen)) < 200 + 9 * 60  # stops after the document that crosses it
+
+
+def test_prepare_records_counts_in_stats_json(plain, cache):
+  import json
+  prepared = dataset.prepare(data_config(plain), [16], cache, seed=0)
+  with open(os.path.join(prepared.directory, "stats.json")) as f:
+    stats = json.load(f)
+  assert stats["documents"] == 12 and stats["tokens"] > 0
+  assert stats["examples"]["16"] == {"train": len(prepared.train[16]),
+                                     "eval": len(prepared.eval[16])}
+
+
+# --- hostile input through prepare: one-line error, nothing left in the cache ---
+
+
+def _bad_inputs(tmp_path):
+  loop = tmp_path / "loop.txt"
+  os.symlink(loop, loop)
+  empty = tmp_path / "empty.txt"
+  empty.write_bytes(b"")
+  blank = tmp_path / "blank.txt"
+  blank.write_text("\n \n\t\n\r\n", encoding="utf-8")
+  gz = tmp_path / "corpus.txt.gz"
+  gz.write_bytes(b"\x1f\x8b\x08\x00" + bytes(200))
+  tab = tmp_path / "tab.txt"
+  tab.write_text("no tab here.\nnor here.\n", encoding="utf-8")
+  dup = tmp_path / "vocab_dup.txt"
+  dup.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\ncat\ncat\n", encoding="utf-8")
+  nomask = tmp_path / "vocab_nomask.txt"
+  nomask.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\ncat\n", encoding="utf-8")
+  return {
+      "missing": (dict(corpus=str(tmp_path / "nope.txt")), "nope.txt", "does not exist"),
+      "directory": (dict(corpus=str(tmp_path)), str(tmp_path), "directory"),
+      "symlink loop": (dict(corpus=str(loop)), "loop.txt", "symlink"),
+      "empty": (dict(corpus=str(empty)), "empty.txt", "no text"),
+      "blank lines": (dict(corpus=str(blank)), "blank.txt", "no text"),
+      "gzip": (dict(corpus=str(gz)), "corpus.txt.gz", "gzip"),
+      "glob": (dict(corpus=str(tmp_path / "*.nothing")), "*.nothing", "matches no files"),
+      "tab without tabs": (dict(corpus=str(tab), format="tab"), "tab.txt", "no 'first half"),
+      "vocab duplicate": (dict(vocab_file=str(dup)), "vocab_dup.txt", "repeats token 'cat'"),
+      "vocab without [MASK]": (dict(vocab_file=str(nomask)), "vocab_nomask.txt", r"\[MASK\]"),
+  }
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "symlink loop", "empty", "blank lines",
+                                  "gzip", "glob", "tab without tabs", "vocab duplicate",
+                                  "vocab without [MASK]"])
+def test_bad_input_is_one_line_error_naming_it_and_leaves_nothing(plain, cache, tmp_path,
+                                                                  case):
+  from bert_jax.errors import BertJaxError
+  overrides, name, what = _bad_inputs(tmp_path)[case]
+  c = data_config(overrides.pop("corpus", plain), **overrides)
+  with pytest.raises(BertJaxError, match=what) as e:
+    dataset.prepare(c, [16], cache, seed=0)
+  assert name in str(e.value) and "\n" not in str(e.value)
+  assert not os.path.exists(cache) or os.listdir(cache) == []
+
+
+def test_odd_input_is_repaired_counted_and_warned_on_one_line(tmp_path, cache, capsys):
+  text = write_plain_corpus(tmp_path / "base.txt")
+  odd = tmp_path / "odd.txt"
+  with open(text, "rb") as f:
+    body = f.read()
+  odd.write_bytes(b"\xef\xbb\xbf" + body.replace(b"\n", b"\r\n").replace(b"cat", b"c\x00at", 3)
+                  + b"\r\nsingle bad \xff byte.\r\n\r\n" + b"word " * 250_000 + b"\r\n")
+  prepared = dataset.prepare(data_config(str(odd)), [16], cache, seed=0)
+  assert len(prepared.train[16]) > 50
+  warnings = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning:")]
+  assert len(warnings) == 3 and all("odd.txt' line " in w for w in warnings)
+  assert {"not UTF-8", "control character", "over 1 MiB"} == {
+      k for k in ("not UTF-8", "control character", "over 1 MiB") for w in warnings if k in w}

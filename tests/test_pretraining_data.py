@@ -212,3 +212,10 @@ def test_a_sentence_of_200k_tokens_is_truncated_to_fit_in_linear_time():
     a, b = split_ab(ex)
     assert len(a) + len(b) == 29 and a == list(range(a[0], a[0] + len(a)))
 
+
+
+@pytest.mark.parametrize("k", [1, 63, 64, 1000, 100_001])
+def test_counting_front_cuts_at_once_equals_drawing_them_one_by_one(k):
+  fast, slow = random.Random(k), random.Random(k)
+  assert pd._count_fronts(k, fast) == sum(slow.random() < 0.5 for _ in range(k))
+  assert fast.random() == slow.random()  # and leaves the generator in the same state
