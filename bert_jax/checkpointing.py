@@ -94,3 +94,22 @@ def restore_params(path: str, step: Optional[int] = None,
   finally:
     mngr.close()
   return out["params"], out["meta"]
+
+
+def save_params(directory: str, step: int, params: Any, meta: dict) -> str:
+  """Writes `<directory>/checkpoints/<step>/` with only params and meta, synchronously.
+
+  For checkpoints that do not come from training (e.g. imported weights):
+  there is no optimizer state, so `restore_params` reads them but training
+  cannot resume from them. Returns the step folder.
+  """
+  root = os.path.join(os.path.abspath(directory), "checkpoints")
+  options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=True)
+  mngr = ocp.CheckpointManager(root, options=options, item_handlers=_handlers())
+  try:
+    mngr.save(step, force=True, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)))
+    mngr.wait_until_finished()
+  finally:
+    mngr.close()
+  return os.path.join(root, str(step))
