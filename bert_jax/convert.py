@@ -581,7 +581,7 @@ def import_tf(tf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = F
   config_path = os.path.join(tf_dir, "bert_config.json")
   if not os.path.isfile(config_path) and os.path.isfile(os.path.join(tf_dir, "config.json")):
     config_path = os.path.join(tf_dir, "config.json")
-  hf_config = _read_json(config_path, "model config (bert_config.json)")
+  hf_config = _read_json(config_path, "model config")
   config = bert_config_from_hf(hf_config, config_path)
   lower, lower_from = _lowercase(tf_dir, hf_config, lowercase)
   tokenizer = _vocab(tf_dir, config, lower, config_path)
@@ -632,6 +632,7 @@ def export_hf(ckpt: str, out_dir: str, step: Optional[int] = None,
         f.write("\n")
     with open(os.path.join(tmp, "vocab.txt"), "w", encoding="utf-8") as f:
       f.write("".join(tok + "\n" for tok in tokenizer.vocab))
+    os.chmod(os.path.join(tmp, "model.safetensors"), 0o644)  # safetensors writes 0600
   return meta
 
 

@@ -346,6 +346,19 @@ def test_non_empty_output_is_refused_and_kept_unless_overwrite(tmp_path, capsys)
   assert checkpointing.restore_params(str(out_dir))[1]["step"] == 0
 
 
+def test_export_errors_are_one_line_and_keep_the_output(tmp_path, capsys):
+  assert convert.main(["to-hf", str(tmp_path / "nothing"), str(tmp_path / "hf")]) == 2
+  assert "no such directory" in capsys.readouterr().err and not (tmp_path / "hf").exists()
+  hf_dir = write_hf_dir(tmp_path / "src", hf_state())
+  assert convert.main(["from-hf", hf_dir, str(tmp_path / "ckpt")]) == 0
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "config.json").write_text("mine")
+  assert convert.main(["to-hf", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "exists and is not empty; pass --overwrite" in err
+  assert (tmp_path / "hf" / "config.json").read_text() == "mine"
+
+
 def test_failure_while_writing_leaves_no_output(tmp_path, monkeypatch):
   hf_dir = write_hf_dir(tmp_path / "hf", hf_state())
 
