@@ -104,15 +104,16 @@ class Encoded:
 def encode(tokenizer: Tokenizer, inputs: Sequence[Input], max_length: int) -> Encoded:
   """Word-piece ids with specials; inputs longer than max_length are truncated."""
   firsts, seconds = [], []
-  for x in inputs:
+  for i, x in enumerate(inputs):
     if isinstance(x, str):
       a, tab, b = x.partition("\t")
       firsts.append(a)
       seconds.append(b if tab else None)
+    elif isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(s, str) for s in x):
+      firsts.append(x[0])
+      seconds.append(x[1])
     else:
-      a, b = x
-      firsts.append(a)
-      seconds.append(b)
+      raise ConfigError(f"inputs[{i}]={x!r:.60}: expected a text or an (A, B) pair of texts")
   ids_a = tokenizer.encode_batch(firsts)
   pair_rows = [i for i, b in enumerate(seconds) if b is not None]
   ids_b = dict(zip(pair_rows, tokenizer.encode_batch([seconds[i] for i in pair_rows])))
