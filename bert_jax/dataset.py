@@ -76,7 +76,9 @@ TOKENIZE_SENTENCES = 8192  # per encode_batch_flat call
 TOKENIZE_CHARS = 2 << 20
 _SPANS_PER_BLOCK = 4096
 _HEADER = 3  # n_a, n, label
-_WRITER_OPTIONS = "group_size:1"  # random access: one record per chunk
+# Random access: one record per chunk. Compressing records of a few hundred
+# bytes one by one saves almost nothing and makes writing 7x slower.
+_WRITER_OPTIONS = "group_size:1,uncompressed"
 _PROGRESS_SECONDS = 30.0
 DEFAULT_VOCAB_SAMPLE_BYTES = 100_000_000
 
@@ -431,8 +433,9 @@ def _write_examples(c: ml_collections.ConfigDict, tokenizer: Tokenizer,
       while block := list(itertools.islice(spans, _SPANS_PER_BLOCK)):
         if limit is not None:
           block = block[:limit - writer.count]
-        writer.write_rows(_rows(window.tokens_T, np.asarray(block, np.int64), l, tokenizer,
-                                dtype))
+        rows = _rows(window.tokens_T, np.asarray(block, np.int64), l, tokenizer, dtype)
+        writer.write_rows(rows)
+        writer.tokens += int(rows[:, 1].sum(dtype=np.int64))
         if limit is not None and writer.count >= limit:
           break
 
@@ -461,6 +464,7 @@ def _write_examples(c: ml_collections.ConfigDict, tokenizer: Tokenizer,
   for l in seq_lens:
     n = {s: writers[(l, s)].count for s in ("train", "eval")}
     examples[l] = n
+    counts[f"example_tokens_seq{l}"] = sum(writers[(l, s)].tokens for s in ("train", "eval"))
     _write_json(os.path.join(out_dirs[l], INFO_FILE), {
         "seq_len": l, "dtype": dtype.name, "train": n["train"], "eval": n["eval"],
         "record": "[n_a, n, label, input_ids[seq_len]]"})
@@ -496,6 +500,7 @@ class _RecordWriter:
   def __init__(self, path: str):
     self.path = path
     self.count = 0
+    self.tokens = 0  # used positions, [CLS]/[SEP] included
     self._writer = None
 
   def write_rows(self, rows: np.ndarray) -> None:
@@ -600,3 +605,134 @@ def _decode(rows_KxR: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
       "input_mask": (pos_1xL < n_Kx1).astype(np.int32),
       "next_sentence_label": rows_KxR[:, 2].astype(np.int32),
   }
+
+
+# --- benchmark: raw text -> stored examples ---
+
+
+def make_synthetic_corpus(path: str, megabytes: float, seed: int = 0) -> str:
+  """Writes `megabytes` MiB of plain-format text: documents of 3-30 sentences drawn
+  at random from the built-in corpus (real English, no download). Returns `path`."""
+  sentences = [s for d in corpus.read_documents(corpus.BUILTIN) for s in d]
+  rng = random.Random(seed)
+  target, written = int(megabytes * 2**20), 0
+  with open(path, "w", encoding="utf-8") as f:
+    while written < target:
+      doc = "\n".join(rng.choices(sentences, k=rng.randint(3, 30))) + "\n\n"
+      f.write(doc)
+      written += len(doc.encode())
+  return path
+
+
+def _rss_mb(field: str) -> float | None:
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith(field + ":"):
+          return int(line.split()[1]) / 1024
+  except OSError:
+    pass
+  return None
+
+
+def _reset_peak_rss() -> bool:
+  try:  # Linux: "5" resets VmHWM to the current RSS
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
+
+
+def benchmark_prepare(corpus_path: str | None = None, megabytes: float = 50.0,
+                      seq_len: int = 128, dupe_factor: int = 1, vocab_size: int = 8192,
+                      quick: bool = False, workdir: str | None = None) -> dict:
+  """Times `prepare` from raw text to stored examples, with its peak RSS.
+
+  The corpus is `corpus_path`, or a synthetic one of `megabytes` MiB (5 MiB
+  when `quick`). The WordPiece vocabulary is trained first, from at most
+  10 MB of the corpus, and timed apart (`vocab_seconds`): its cost does not
+  grow with the corpus. `tokens` counts the corpus's WordPiece tokens;
+  `example_tokens` the used positions of the stored examples (dupe_factor
+  passes, [CLS]/[SEP] included). Peak RSS is the process's high-water mark
+  during `prepare` (reset before it on Linux; otherwise since process start).
+  The dict also carries the keys `bert_jax.bench` reads.
+  """
+  import ml_collections
+  from configs import default
+  with tempfile.TemporaryDirectory(prefix="bert_jax_prepare_bench_", dir=workdir) as tmp:
+    if corpus_path is None:
+      megabytes = 5.0 if quick else megabytes
+      corpus_path = make_synthetic_corpus(os.path.join(tmp, "corpus.txt"), megabytes)
+    c = ml_collections.ConfigDict(default.get_config().data.to_dict())
+    c.corpus, c.vocab_size, c.dupe_factor = corpus_path, vocab_size, dupe_factor
+    c.vocab_sample_bytes = 10_000_000
+    t = time.perf_counter()
+    tokenizer = _make_tokenizer(c, seed=0)
+    vocab_seconds = time.perf_counter() - t
+    c.vocab_file = tokenizer.save(os.path.join(tmp, "vocab"))
+    exact_peak = _reset_peak_rss()
+    start_rss = _rss_mb("VmRSS")
+    t, cpu = time.perf_counter(), time.process_time()
+    prepared = prepare(c, [seq_len], os.path.join(tmp, "cache"), seed=0)
+    seconds, cpu_seconds = time.perf_counter() - t, time.process_time() - cpu
+    peak = _rss_mb("VmHWM") if exact_peak else None
+    if peak is None:
+      import resource
+      peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with open(os.path.join(prepared.directory, STATS_FILE), encoding="utf-8") as f:
+      stats = json.load(f)
+    size_mb = os.path.getsize(corpus_path) / 2**20
+  tokens, example_tokens = stats["tokens"], stats[f"example_tokens_seq{seq_len}"]
+  return {
+      "tokens": tokens, "seconds": seconds, "tokens_per_sec": tokens / seconds,
+      "peak_rss_mb": peak, "start_rss_mb": start_rss, "cpu_seconds": cpu_seconds,
+      "corpus_mb": size_mb, "documents": stats["documents"],
+      "examples": sum(stats["examples"][str(seq_len)].values()),
+      "example_tokens": example_tokens, "vocab_seconds": vocab_seconds,
+      "seq_len": seq_len, "dupe_factor": dupe_factor,
+      # The names bert_jax.bench reads.
+      "median_s": seconds, "min_s": seconds, "max_s": seconds, "timed_steps": 1,
+      "compile_s": 0.0, "compile_note": "", "corpus_tokens": tokens,
+      "tokens_per_s": tokens / seconds, "example_tokens_per_s": example_tokens / seconds,
+      "peak_mem_bytes": int(peak * 2**20), "mem_kind": "peak RSS",
+      "what": f"dataset.prepare({size_mb:.0f} MiB of text, seq {seq_len}, "
+              f"dupe_factor {dupe_factor}, vocab {tokenizer.vocab_size} fixed)",
+  }
+
+
+def _bench_main(argv: Sequence[str] | None = None) -> None:
+  import argparse
+  import subprocess
+  parser = argparse.ArgumentParser(
+      prog="python -m bert_jax.dataset",
+      description="Benchmark data preparation (raw text -> stored examples) on synthetic "
+                  "corpora of several sizes, each in a fresh process (clean peak RSS).")
+  parser.add_argument("--bench", action="store_true", required=True)
+  parser.add_argument("--megabytes", type=float, nargs="+", default=[25.0, 100.0])
+  parser.add_argument("--seq-len", type=int, default=128)
+  parser.add_argument("--dupe-factor", type=int, default=1)
+  parser.add_argument("--corpus", default=None, help="a corpus file instead of synthetic text")
+  args = parser.parse_args(argv)
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  sizes = [None] if args.corpus else args.megabytes
+  print("| corpus MiB | tokens | seconds | tokens/s | example tokens/s | peak RSS MiB "
+        "| vocab s |\n| --- | --- | --- | --- | --- | --- | --- |", flush=True)
+  for mb in sizes:
+    call = (f"benchmark_prepare(corpus_path={args.corpus!r}, megabytes={mb!r}, "
+            f"seq_len={args.seq_len}, dupe_factor={args.dupe_factor})")
+    code = ("import json, sys; sys.path.insert(0, %r); from bert_jax.dataset import "
+            "benchmark_prepare; r = %s; print('RESULT ' + json.dumps(r))" % (repo, call))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+    if out.returncode or not line:
+      print(f"error: benchmark failed: {out.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+      sys.exit(2)
+    r = json.loads(line[0][len("RESULT "):])
+    print(f"| {r['corpus_mb']:.0f} | {r['tokens']} | {r['seconds']:.1f} | "
+          f"{r['tokens_per_sec']:.0f} | {r['example_tokens_per_s']:.0f} | "
+          f"{r['peak_rss_mb']:.0f} | {r['vocab_seconds']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+  _bench_main()

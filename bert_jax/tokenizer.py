@@ -9,8 +9,9 @@ normalizer and per-token bookkeeping (offsets, token strings). `encode_batch`
 gets the same ids about 5x faster: the normalizer is applied per character
 through a table filled from HF's own normalizer (context-free: cleaning,
 lowercasing, accent stripping and CJK spacing work character by character),
-`re` splits words off at whitespace and punctuation as BertPreTokenizer does,
-and each distinct word goes through HF's WordPiece model once and is cached.
+text is split at whitespace and punctuation as BertPreTokenizer does (`str.split`,
+then `re` within each chunk), and each distinct word goes through HF's
+WordPiece model once; words and whitespace-delimited chunks are cached.
 Texts where this could differ go through HF's full pipeline: a special token
 such as `[MASK]` written in the text, or combining marks that NFD would
 reorder. tests/test_tokenizer.py checks equality on the built-in corpus and
@@ -39,16 +40,18 @@ VOCAB_FILE = "vocab.txt"
 CONFIG_FILE = "tokenizer_config.json"
 # Longer "words" (URLs, base64, ...) become [UNK] rather than dozens of pieces.
 _MAX_CHARS_PER_WORD = 100
-# Fast path: after the per-character table, words are runs of anything but
-# " \t\r" and ASCII punctuation, which is a word of its own (so is non-ASCII
-# punctuation, which the table pads with spaces). "\n" joins the texts of a
-# batch and comes back as a word marking the end of each text.
+# Fast path: after the per-character table, text is split on whitespace into
+# chunks ("end.", "(see"), and a chunk into words: runs of anything but ASCII
+# punctuation, which is a word of its own (so is non-ASCII punctuation, which
+# the table pads with spaces). "\x00" (a control character, so never in
+# cleaned text) separates the texts of a batch and marks their ends.
 _ASCII_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_WORDS = re.compile(r"[^ \t\r\n!-/:-@\[-`{-~]+|[!-/:-@\[-`{-~]|\n")
+_WORDS = re.compile(r"[^!-/:-@\[-`{-~]+|[!-/:-@\[-`{-~]")
 _TEXT_END = -1
 _UNSAFE = "\x00"  # table value of a character the fast path cannot do exactly
-# Distinct words kept; the cache is emptied when full (bounds memory on huge corpora).
+# Distinct words and chunks kept; a cache is emptied when full (bounds memory).
 _WORD_CACHE_SIZE = 1 << 18
+_MAX_CACHED_CHUNK = 64  # characters; longer chunks (URLs, base64...) are split each time
 
 
 class Tokenizer:
@@ -79,7 +82,7 @@ class Tokenizer:
     # Keeps "[MASK]" etc. atomic when they appear in text given to encode().
     hf.add_special_tokens(list(SPECIAL_TOKENS))
     self._hf = hf
-    self._words = _WordCache(hf.model, ids[UNK])
+    self._chunks = _ChunkCache(_WordCache(hf.model, ids[UNK]))
     self._chars = _CharTable(hf, self._lowercase)
 
   # --- construction ---
@@ -198,9 +201,9 @@ class Tokenizer:
     joined = _ASCII_CONTROL.sub("", "\n".join(texts))
     if self._lowercase:
       joined = joined.lower()
-    words = _WORDS.findall(joined)
-    words.append("\n")
-    flat = np.array(list(itertools.chain.from_iterable(map(self._words.lookup, words))),
+    chunks = joined.replace("\n", " \x00 ").split()
+    chunks.append("\x00")
+    flat = np.array(list(itertools.chain.from_iterable(map(self._chunks.lookup, chunks))),
                     np.int32)
     ends = np.flatnonzero(flat == _TEXT_END)
     lengths = np.diff(ends, prepend=-1) - 1
@@ -297,7 +300,8 @@ class _CharTable(dict):
         out.append(" ")
       elif len(words) == 3:  # punctuation: a word of its own
         out.append(f" {ch} ")
-      elif unicodedata.combining(ch) or unicodedata.category(ch) == "Cn":
+      elif ch.isspace() or unicodedata.combining(ch) or unicodedata.category(ch) == "Cn":
+        # Whitespace to str.split() but not to HF would split a word in two;
         # NFD may reorder a combining mark with its neighbours; "Cn": a
         # character newer than Python's Unicode tables, which cannot tell.
         out = [_UNSAFE]
@@ -315,7 +319,6 @@ class _WordCache(dict):
     super().__init__()
     self._model = model
     self._unk = (unk_id,)
-    self["\n"] = (_TEXT_END,)
     self.lookup = self.__getitem__
 
   def __missing__(self, word: str) -> tuple[int, ...]:
@@ -324,8 +327,26 @@ class _WordCache(dict):
     ids = tuple(t.id for t in self._model.tokenize(word))
     if len(self) >= _WORD_CACHE_SIZE:
       self.clear()
-      self["\n"] = (_TEXT_END,)
     self[word] = ids
+    return ids
+
+
+class _ChunkCache(dict):
+  """Whitespace-delimited chunk ("end.") -> ids of its words; most text is a hit."""
+
+  def __init__(self, words: _WordCache):
+    super().__init__()
+    self._words = words
+    self[_UNSAFE] = (_TEXT_END,)
+    self.lookup = self.__getitem__
+
+  def __missing__(self, chunk: str) -> tuple[int, ...]:
+    ids = tuple(itertools.chain.from_iterable(map(self._words.lookup, _WORDS.findall(chunk))))
+    if len(chunk) <= _MAX_CACHED_CHUNK:
+      if len(self) >= _WORD_CACHE_SIZE:
+        self.clear()
+        self[_UNSAFE] = (_TEXT_END,)
+      self[chunk] = ids
     return ids
 
 

@@ -203,13 +203,13 @@ def test_a_megabyte_word_is_one_unk_and_not_cached():
   tok = trained()
   assert tok.encode("cat " + "x" * 1_000_000 + " cat") == [
       tok.encode("cat")[0], tok.unk_id, tok.encode("cat")[0]]
-  assert max(map(len, tok._words)) <= 100
+  assert max(map(len, tok._chunks)) <= 100 and max(map(len, tok._chunks._words)) <= 100
 
 
 def test_word_cache_stays_bounded_and_ids_stay_right(monkeypatch):
   from bert_jax import tokenizer
   monkeypatch.setattr(tokenizer, "_WORD_CACHE_SIZE", 50)
   tok = trained()
-  words = [f"cat{i}dog" for i in range(400)]
+  words = [f"cat{i}dog (the{i})." for i in range(400)]
   assert tok.encode_batch(words) == hf_ids(tok, words)
-  assert len(tok._words) <= 51
+  assert len(tok._chunks) <= 51 and len(tok._chunks._words) <= 50
