@@ -20,7 +20,7 @@ Layout under `cache_dir`:
     settings.json         what the data was made from (for people)
     stats.json            counts: documents, sentences, tokens, repaired input, examples
     tokenizer/            vocab.txt + tokenizer_config.json
-    seq<L>/               info.json, train.array_record, eval.array_record
+    seq<L>/               info.json, train.<shard>.array_record, eval.<shard>.array_record
 
 A fresh preparation is written to `.<key>.tmp-<host>-<pid>/` and renamed to
 `<key>/` when complete; a seq_len added later is written to
@@ -31,7 +31,8 @@ debris, which is never read and is removed by a later run.
 Record format (one record per example, dtype in info.json: uint16 when the
 vocabulary fits, else int32): [n_a, n, label, input_ids[L]], where n_a is the
 length of `[CLS] A [SEP]` and n the used length; segment ids and input mask
-follow from them.
+follow from them. A split is sharded every SHARD_RECORDS records (info.json
+lists the records per shard).
 
 Shapes: K examples, L = seq_len.
 """
@@ -71,10 +72,11 @@ MIN_DOCS_PER_SPLIT = 2  # NotNext takes its B from another document of the split
 SPLIT_BLOCK_DOCUMENTS = 1000  # train/eval are drawn per block of documents
 SPLIT_BLOCK_CHARS = 32 << 20
 WINDOW_DOCUMENTS = 4096  # NotNext partners come from the same window
-WINDOW_TOKENS = 8_000_000
+WINDOW_TOKENS = 4_000_000
 TOKENIZE_SENTENCES = 8192  # per encode_batch_flat call
 TOKENIZE_CHARS = 2 << 20
 _SPANS_PER_BLOCK = 4096
+SHARD_RECORDS = 1 << 19
 _HEADER = 3  # n_a, n, label
 # Random access: one record per chunk. Compressing records of a few hundred
 # bytes one by one saves almost nothing and makes writing 7x slower.
@@ -221,7 +223,9 @@ def _settings(c: ml_collections.ConfigDict, seed: int) -> dict:
                       f"got {c.format!r}")
   if c.vocab_file:
     if not os.path.isfile(c.vocab_file):
-      raise ConfigError(f"data.vocab_file '{c.vocab_file}' does not exist or is not a file")
+      what = "is a directory" if os.path.isdir(c.vocab_file) else "does not exist or is not a file"
+      raise ConfigError(f"data.vocab_file '{c.vocab_file}' {what}; expected a vocab.txt file "
+                        "(one token per line)")
     with open(c.vocab_file, "rb") as f:
       vocab = {"file_sha256": hashlib.sha256(f.read()).hexdigest()}
   else:
@@ -354,7 +358,9 @@ def _tokenize_chunk(chunk: list[tuple[bool, list[str]]], tokenizer: Tokenizer, p
     lens = lengths[sent:sent + len(doc)]
     sent += len(doc)
     n = sum(lens)
-    ids = flat[tok:tok + n]
+    # A copy: a view would keep the whole chunk alive as long as the document
+    # waits in a window (eval documents wait long).
+    ids = flat[tok:tok + n].copy()
     tok += n
     kept = [l for l in lens if l]
     if not kept or (pairs and len(kept) != 2):
@@ -409,7 +415,7 @@ def _write_examples(c: ml_collections.ConfigDict, tokenizer: Tokenizer,
   big = tokenizer.vocab_size > 65536 or max(seq_lens) + 1 > 65535
   dtype = np.dtype(np.int32 if big else np.uint16)
   cap = int(c.max_eval_examples) or None
-  writers = {(l, s): _RecordWriter(os.path.join(out_dirs[l], f"{s}.array_record"))
+  writers = {(l, s): _RecordWriter(os.path.join(out_dirs[l], s))
              for l in seq_lens for s in ("train", "eval")}
   corpus_stats = corpus.CorpusStats()
   counts = {"tokens": 0, "documents_without_tokens": 0, "pairs_with_an_empty_half": 0}
@@ -467,6 +473,7 @@ def _write_examples(c: ml_collections.ConfigDict, tokenizer: Tokenizer,
     counts[f"example_tokens_seq{l}"] = sum(writers[(l, s)].tokens for s in ("train", "eval"))
     _write_json(os.path.join(out_dirs[l], INFO_FILE), {
         "seq_len": l, "dtype": dtype.name, "train": n["train"], "eval": n["eval"],
+        "shards": {s: writers[(l, s)].shards for s in ("train", "eval")},
         "record": "[n_a, n, label, input_ids[seq_len]]"})
   stats = {**corpus_stats.to_dict(), **counts, "seconds": round(seconds, 3),
            "tokens_per_second": round(counts["tokens"] / max(seconds, 1e-9)),
@@ -479,6 +486,10 @@ def _write_examples(c: ml_collections.ConfigDict, tokenizer: Tokenizer,
         f"({stats['tokens_per_second']} tokens/s)", flush=True)
   for warning in corpus_stats.warnings():
     print(f"warning: corpus: {warning}", file=sys.stderr, flush=True)
+  if corpus_stats.one_sentence_documents:  # not an error, but it skews NSP toward NotNext
+    print(f"warning: corpus '{c.corpus}': {corpus_stats.one_sentence_documents} of "
+          f"{corpus_stats.documents} document(s) have a single sentence, so all their "
+          "examples are NotNext (B from another document)", file=sys.stderr, flush=True)
   return stats
 
 
@@ -495,28 +506,46 @@ def _rows(tokens_T: np.ndarray, spans_Kx5: np.ndarray, seq_len: int, tokenizer: 
 
 
 class _RecordWriter:
-  """Appends records to one array_record file; opened on first use."""
+  """Appends records to `<prefix>.<shard>.array_record` files, opened on first use.
 
-  def __init__(self, path: str):
-    self.path = path
+  A new shard every SHARD_RECORDS records: an array_record writer keeps
+  ~50 bytes per record in memory until it is closed.
+  """
+
+  def __init__(self, prefix: str):
+    self.prefix = prefix
     self.count = 0
     self.tokens = 0  # used positions, [CLS]/[SEP] included
+    self.shards: list[int] = []  # records per shard
     self._writer = None
 
   def write_rows(self, rows: np.ndarray) -> None:
-    if self._writer is None:
-      from array_record.python.array_record_module import ArrayRecordWriter
-      os.makedirs(os.path.dirname(self.path), exist_ok=True)
-      self._writer = ArrayRecordWriter(self.path, _WRITER_OPTIONS)
-    write = self._writer.write
-    for row in rows:
-      write(row.tobytes())
-    self.count += len(rows)
+    start = 0
+    while start < len(rows):
+      if self._writer is None:
+        from array_record.python.array_record_module import ArrayRecordWriter
+        os.makedirs(os.path.dirname(self.prefix), exist_ok=True)
+        path = shard_path(self.prefix, len(self.shards))
+        self._writer = ArrayRecordWriter(path, _WRITER_OPTIONS)
+        self.shards.append(0)
+      take = min(len(rows) - start, SHARD_RECORDS - self.shards[-1])
+      write = self._writer.write
+      for row in rows[start:start + take]:
+        write(row.tobytes())
+      self.shards[-1] += take
+      self.count += take
+      start += take
+      if self.shards[-1] == SHARD_RECORDS:
+        self.close()
 
   def close(self) -> None:
     if self._writer is not None:
       self._writer.close()
       self._writer = None
+
+
+def shard_path(prefix: str, shard: int) -> str:
+  return f"{prefix}.{shard:05d}.array_record"
 
 
 class _Progress:
@@ -544,7 +573,9 @@ def open_split(directory: str, seq_len: int, split: str) -> ExampleSource:
   seq_dir = _seq_dir(directory, seq_len)
   with open(os.path.join(seq_dir, INFO_FILE), encoding="utf-8") as f:
     info = json.load(f)
-  return ExampleSource(os.path.join(seq_dir, f"{split}.array_record"), seq_len, info[split],
+  prefix = os.path.join(seq_dir, split)
+  counts = info["shards"][split]
+  return ExampleSource([shard_path(prefix, i) for i in range(len(counts))], counts, seq_len,
                        info["dtype"])
 
 
@@ -553,15 +584,16 @@ class ExampleSource:
 
   Each example is a dict of `input_ids`, `segment_ids`, `input_mask` int32 [L]
   and `next_sentence_label` int32 scalar. `__getitems__` decodes a whole
-  batch at once (the input pipeline uses it).
+  batch at once (the input pipeline uses it). Readers open on first use.
   """
 
-  def __init__(self, path: str, seq_len: int, num_examples: int, dtype: str):
-    self.path = path
+  def __init__(self, paths: Sequence[str], counts: Sequence[int], seq_len: int, dtype: str):
+    self.paths = list(paths)
     self.seq_len = seq_len
-    self._n = int(num_examples)
+    self._ends = np.cumsum(np.asarray(counts, np.int64))
+    self._n = int(self._ends[-1]) if len(self._ends) else 0
     self._dtype = np.dtype(dtype)
-    self._reader = None
+    self._readers: dict[int, Any] = {}
     self._lock = threading.Lock()
 
   def __len__(self) -> int:
@@ -571,28 +603,37 @@ class ExampleSource:
     return self.__getitems__([index])[0]
 
   def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-    keys = []
-    for i in indices:
-      i = int(i)
-      if i < 0:
-        i += self._n
-      if not 0 <= i < self._n:
-        raise IndexError(f"example {i} is out of range for {self._n} examples in {self.path}")
-      keys.append(i)
-    if not keys:
+    keys = np.asarray([int(i) for i in indices], np.int64)
+    if not len(keys):
       return []
+    keys = np.where(keys < 0, keys + self._n, keys)
+    if keys.min() < 0 or keys.max() >= self._n:
+      bad = int(keys[(keys < 0) | (keys >= self._n)][0])
+      raise IndexError(f"example {bad} is out of range for {self._n} examples in "
+                       f"{os.path.dirname(self.paths[0])}")
+    shard_K = np.searchsorted(self._ends, keys, side="right")
+    local_K = keys - np.concatenate([[0], self._ends])[shard_K]
+    records: list[bytes] = [b""] * len(keys)
     with self._lock:
-      if self._reader is None:
-        from array_record.python.array_record_module import ArrayRecordReader
-        self._reader = ArrayRecordReader(self.path, "readahead_buffer_size:0")
-      records = self._reader.read(keys)
+      for shard in np.unique(shard_K).tolist():
+        where = np.flatnonzero(shard_K == shard)
+        for k, record in zip(where.tolist(),
+                             self._reader(shard).read(local_K[where].tolist())):
+          records[k] = record
     rows_KxR = np.frombuffer(b"".join(records), self._dtype).reshape(len(keys), -1)
     arrays = _decode(rows_KxR, self.seq_len)
     return [{name: arrays[name][k] for name in pretraining_data.FEATURES}
             for k in range(len(keys))]
 
+  def _reader(self, shard: int):
+    if shard not in self._readers:
+      from array_record.python.array_record_module import ArrayRecordReader
+      self._readers[shard] = ArrayRecordReader(self.paths[shard], "readahead_buffer_size:0")
+    return self._readers[shard]
+
   def __repr__(self) -> str:
-    return f"ExampleSource({self.path!r}, seq_len={self.seq_len}, examples={self._n})"
+    where = os.path.dirname(self.paths[0]) if self.paths else "nothing"
+    return f"ExampleSource({where!r}, seq_len={self.seq_len}, examples={self._n})"
 
 
 def _decode(rows_KxR: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
@@ -716,8 +757,9 @@ def _bench_main(argv: Sequence[str] | None = None) -> None:
   args = parser.parse_args(argv)
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   sizes = [None] if args.corpus else args.megabytes
-  print("| corpus MiB | tokens | seconds | tokens/s | example tokens/s | peak RSS MiB "
-        "| vocab s |\n| --- | --- | --- | --- | --- | --- | --- |", flush=True)
+  print("| corpus MiB | tokens | seconds | tokens/s | CPU s | tokens per CPU s "
+        "| example tokens/s | peak RSS MiB | vocab s |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
   for mb in sizes:
     call = (f"benchmark_prepare(corpus_path={args.corpus!r}, megabytes={mb!r}, "
             f"seq_len={args.seq_len}, dupe_factor={args.dupe_factor})")
@@ -730,7 +772,8 @@ def _bench_main(argv: Sequence[str] | None = None) -> None:
       sys.exit(2)
     r = json.loads(line[0][len("RESULT "):])
     print(f"| {r['corpus_mb']:.0f} | {r['tokens']} | {r['seconds']:.1f} | "
-          f"{r['tokens_per_sec']:.0f} | {r['example_tokens_per_s']:.0f} | "
+          f"{r['tokens_per_sec']:.0f} | {r['cpu_seconds']:.1f} | "
+          f"{r['tokens'] / r['cpu_seconds']:.0f} | {r['example_tokens_per_s']:.0f} | "
           f"{r['peak_rss_mb']:.0f} | {r['vocab_seconds']:.1f} |", flush=True)
 
 

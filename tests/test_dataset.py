@@ -457,3 +457,14 @@ def test_odd_input_is_repaired_counted_and_warned_on_one_line(tmp_path, cache, c
   assert len(warnings) == 3 and all("odd.txt' line " in w for w in warnings)
   assert {"not UTF-8", "control character", "over 1 MiB"} == {
       k for k in ("not UTF-8", "control character", "over 1 MiB") for w in warnings if k in w}
+
+
+def test_sharded_records_read_back_the_same_examples(plain, tmp_path, monkeypatch):
+  c = data_config(plain, vocab_file=write_vocab(tmp_path))
+  whole = dataset.prepare(c, [16], str(tmp_path / "one"), seed=0).train[16]
+  monkeypatch.setattr(dataset, "SHARD_RECORDS", 7)
+  sharded = dataset.prepare(c, [16], str(tmp_path / "many"), seed=0).train[16]
+  assert len(sharded.paths) == -(-len(whole) // 7) > 3
+  order = np.random.default_rng(0).permutation(len(whole))
+  assert [e["input_ids"].tolist() for e in sharded.__getitems__(order)] == [
+      whole[int(i)]["input_ids"].tolist() for i in order]
