@@ -12,7 +12,8 @@ One pass over the corpus, in bounded memory whatever its size:
     -> records appended to array_record files as they are made.
 
 A WordPiece vocabulary, when trained, is learned first from the first
-`data.vocab_sample_bytes` of training text (a second, bounded read).
+`data.vocab_sample_bytes` of training text, counted in characters (a second,
+bounded read).
 
 Layout under `cache_dir`:
 
@@ -116,7 +117,7 @@ def prepare(data_config: ml_collections.ConfigDict, seq_lens: Sequence[int], cac
     print(f"Preparing pre-training data from '{data_config.corpus}' for seq_len "
           f"{', '.join(map(str, missing))} in {directory}", flush=True)
     if complete:
-      _add_seq_lens(data_config, settings, directory, missing, seed)
+      _add_seq_lens(data_config, directory, missing, seed)
     else:
       _prepare_fresh(data_config, settings, cache_dir, directory, key, missing, seed)
   tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER_DIR))
@@ -145,9 +146,8 @@ def _prepare_fresh(c, settings: dict, cache_dir: str, directory: str, key: str,
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def _add_seq_lens(c, settings: dict, directory: str, seq_lens: list[int], seed: int) -> None:
+def _add_seq_lens(c, directory: str, seq_lens: list[int], seed: int) -> None:
   """Adds seq_lens to a complete preparation, with its stored tokenizer."""
-  del settings
   tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER_DIR))
   stagings = {l: os.path.join(directory, f".seq{l}.tmp-{_owner()}") for l in seq_lens}
   try:
