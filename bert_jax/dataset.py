@@ -40,6 +40,7 @@ Shapes: K examples, L = seq_len.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -130,6 +131,7 @@ def prepare(data_config: ml_collections.ConfigDict, seq_lens: Sequence[int], cac
 def _prepare_fresh(c, settings: dict, cache_dir: str, directory: str, key: str,
                    seq_lens: list[int], seed: int) -> None:
   staging = os.path.join(cache_dir, f".{key}.tmp-{_owner()}")
+  made_cache_dir = not os.path.exists(cache_dir)
   try:
     os.makedirs(staging)
     tokenizer = _make_tokenizer(c, seed)
@@ -142,6 +144,12 @@ def _prepare_fresh(c, settings: dict, cache_dir: str, directory: str, key: str,
     except OSError:
       if not _is_complete(directory):  # not another process's finished copy
         raise
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    if made_cache_dir:  # a failed run leaves no trace, not even an empty folder
+      with contextlib.suppress(OSError):
+        os.rmdir(cache_dir)
+    raise
   finally:
     shutil.rmtree(staging, ignore_errors=True)
 
