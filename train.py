@@ -7,19 +7,64 @@ Rerunning with the same --workdir resumes from its latest checkpoint.
 """
 
 import os
+import re
 import sys
+from typing import NoReturn
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-config_flags.DEFINE_config_file(
-    "config", os.path.join(_HERE, "configs", "tiny.py"), "Config file (ml_collections).",
-    lock_config=True)
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+          tuple: "a tuple such as '(128,512)'", list: "a tuple such as '(128,512)'"}
+
+
+def _flag_error(e: BaseException) -> NoReturn:
+  """A bad flag or --config override: one `error:` line and exit 2, like any bad input."""
+  while e.args and isinstance(e.args[0], BaseException):
+    e = e.args[0]  # ml_collections wraps the KeyError of an unknown field
+  text = " ".join(str(e.args[0] if e.args else e).split())
+  if isinstance(e, (AttributeError, KeyError)):  # an override of a field that does not exist
+    key = (re.findall(r"'([^']+)'", text) or [text])[0]
+    names = [a.split("=", 1)[0] for a in sys.argv[1:]
+             if a.startswith("--config.") and key in a.split("=", 1)[0].split(".")]
+    hint = re.search(r'Did you mean "([^"]+)"', text)
+    text = (f"{names[0] if names else '--config'}: the config has no field '{key}'; expected "
+            + (f"'{hint.group(1)}' or another" if hint else "a") + " field of the config file")
+  elif isinstance(e, flags.IllegalFlagValueError) and text.startswith("flag --"):
+    name, _, rest = text[len("flag --"):].partition(": ")
+    field = name.split("=", 1)[0]
+    kind = _KINDS.get(type(FLAGS[field].value)) if field in FLAGS else None
+    text = f"--{name}: " + (f"expected {kind} ({rest})" if kind else rest)
+  elif isinstance(e, flags.Error):
+    text += "; expected the flags that --helpfull lists"
+  elif isinstance(e, OSError):  # a --config file that cannot be loaded
+    why = re.search(r"\[Errno \d+\] (.*)", text)
+    text = (f"--config: {why.group(1) if why else text}; expected a config file such as "
+            "configs/tiny.py")
+  print(f"error: {text}", file=sys.stderr)
+  sys.exit(2)
+
+
+try:  # the overrides of the default config are applied here, when it is defined
+  config_flags.DEFINE_config_file(
+      "config", os.path.join(_HERE, "configs", "tiny.py"), "Config file (ml_collections).",
+      lock_config=True)
+except (AttributeError, KeyError) as e:
+  _flag_error(e)
 flags.DEFINE_string("workdir", "runs/tiny", "Checkpoints, logs and prepared data go here.")
 flags.DEFINE_bool("jax_distributed", False,
                   "Call jax.distributed.initialize() first (multi-host TPU pods, multi-process GPU).")
 FLAGS = flags.FLAGS
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  try:
+    rest = FLAGS(argv)
+    getattr(FLAGS.config, "keys")  # a --config file that failed to load raises only when used
+    return rest
+  except (flags.Error, AttributeError, KeyError, OSError) as e:
+    _flag_error(e)
 
 
 def main(argv):
@@ -44,4 +89,4 @@ def main(argv):
 
 if __name__ == "__main__":
   sys.path.insert(0, _HERE)  # `configs` imports `configs.default`
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -57,7 +57,8 @@ def _checkpoint_root(path: str) -> tuple[str, Optional[int]]:
   """Accepts a workdir, its checkpoints/ folder, or one step folder."""
   path = os.path.abspath(path)
   if not os.path.isdir(path):
-    raise CheckpointError(f"checkpoint {path}: no such directory")
+    raise CheckpointError(f"checkpoint {path}: no such directory; expected a workdir, its "
+                          "checkpoints/ folder or a step folder")
   if os.path.isdir(os.path.join(path, "checkpoints")):
     return os.path.join(path, "checkpoints"), None
   if os.path.isdir(os.path.join(path, "params")) and os.path.basename(path).isdigit():
@@ -79,8 +80,11 @@ def restore_params(path: str, step: Optional[int] = None,
     step = step if step is not None else step_in_path
     step = mngr.latest_step() if step is None else step
     if step is None or step not in mngr.all_steps():
-      raise CheckpointError(f"checkpoint {root}: no step {step if step is not None else ''} "
-                            f"found (have {list(mngr.all_steps())})")
+      steps = list(mngr.all_steps())
+      raise CheckpointError(
+          f"checkpoint {root}: no step{'' if step is None else f' {step}'} found (have {steps}); "
+          + ("expected one of them" if steps else
+             "expected a checkpoint written by train.py or bert_jax.convert"))
     tree = mngr.item_metadata(step)["params"]
     tree = getattr(tree, "tree", tree)
     if tree is None:

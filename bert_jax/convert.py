@@ -391,7 +391,8 @@ def _read_json(path: str, what: str) -> dict:
     with open(path, encoding="utf-8") as f:
       data = json.load(f)
   except (ValueError, UnicodeDecodeError) as e:
-    raise ConfigError(f"{path}: not valid JSON ({str(e).splitlines()[0]})") from None
+    raise ConfigError(f"{path}: not valid JSON ({str(e).splitlines()[0]}); expected the {what} "
+                      "as a JSON object") from None
   if not isinstance(data, dict):
     raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
   return data
@@ -400,7 +401,8 @@ def _read_json(path: str, what: str) -> dict:
 def _check_dir(path: str, what: str) -> str:
   path = os.path.abspath(path)
   if not os.path.isdir(path):
-    raise ConfigError(f"{what} {path}: no such directory")
+    found = "is not a directory" if os.path.exists(path) else "no such directory"
+    raise ConfigError(f"{what} {path}: {found}; expected the directory of the model's files")
   return path
 
 
@@ -476,7 +478,7 @@ def _vocab(directory: str, config: Any, lowercase: bool, config_file: str) -> An
   tokenizer = Tokenizer.from_vocab_file(path, lowercase)
   if tokenizer.vocab_size != config.vocab_size:
     raise ConfigError(f"{path} has {tokenizer.vocab_size} tokens but {config_file} says "
-                      f"vocab_size={config.vocab_size}")
+                      f"vocab_size={config.vocab_size}; expected one token per id")
   return tokenizer
 
 
@@ -489,7 +491,8 @@ def _atomic_output_dir(out_dir: str, overwrite: bool) -> Iterator[str]:
   """Yields a temp dir beside `out_dir` that becomes `out_dir` only if the block succeeds."""
   out_dir = os.path.abspath(out_dir)
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    raise ConfigError(f"output {out_dir} exists and is not a directory")
+    raise ConfigError(f"output {out_dir} exists and is not a directory; expected a directory "
+                      "(created if missing)")
   if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
     raise ConfigError(f"output {out_dir} exists and is not empty; pass --overwrite to replace it")
   parent, base = os.path.split(out_dir)

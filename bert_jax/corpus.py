@@ -132,7 +132,7 @@ def files(spec: str) -> list[str]:
   matches = sorted(p for p in globlib.glob(os.path.expanduser(spec), recursive=True)
                    if not os.path.isdir(p))
   if not matches:
-    raise CorpusError(f"corpus glob '{spec}' matches no files")
+    raise CorpusError(f"corpus glob '{spec}' matches no files; expected at least one")
   return matches
 
 
@@ -243,7 +243,8 @@ def fingerprint(spec: str, tfds_data_dir: str | None = None) -> dict:
 def _check_file(path: str) -> None:
   """A readable regular file that looks like UTF-8 text, or a one-line CorpusError."""
   if not os.path.lexists(path):
-    raise CorpusError(f"corpus file '{path}' does not exist")
+    raise CorpusError(f"corpus file '{path}' does not exist; expected a text file, a glob, "
+                      "'builtin' or 'tfds:<name>:<feature>'")
   if not os.path.exists(path):
     raise CorpusError(f"corpus file '{path}' is a symlink that leads nowhere (broken or a "
                       "loop); expected a text file")
@@ -396,7 +397,8 @@ def _plain_documents(path: str, stats: CorpusStats) -> Iterator[list[str]]:
     any_text = True
     yield doc
   if not any_text:
-    raise CorpusError(f"corpus file '{path}' has no text (it is empty or only blank lines)")
+    raise CorpusError(f"corpus file '{path}' has no text (it is empty or only blank lines); "
+                      "expected lines of text")
 
 
 def _tab_documents(path: str, stats: CorpusStats) -> Iterator[list[str]]:
@@ -419,7 +421,8 @@ def _tab_documents(path: str, stats: CorpusStats) -> Iterator[list[str]]:
         continue
       yield halves
   if not lines_seen:
-    raise CorpusError(f"corpus file '{path}' has no text (it is empty or only blank lines)")
+    raise CorpusError(f"corpus file '{path}' has no text (it is empty or only blank lines); "
+                      "expected lines of text")
   if skipped == lines_seen:
     raise CorpusError(
         f"corpus file '{path}' has no 'first half<TAB>second half' line (tab format): all "

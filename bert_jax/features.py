@@ -238,7 +238,8 @@ class Extractor:
                         "([CLS] A [SEP] B [SEP] needs 3 special tokens)")
     if max_length > config.max_position_embeddings:
       raise ConfigError(f"max_length={max_length} is above the checkpoint's "
-                        f"max_position_embeddings={config.max_position_embeddings}")
+                        f"max_position_embeddings={config.max_position_embeddings}; "
+                        "expected at most that")
     if not isinstance(batch_size, int) or batch_size <= 0:
       raise ConfigError(f"batch_size={batch_size!r}: expected a positive integer")
     devices = list(jax.devices() if devices is None else devices)
@@ -438,7 +439,7 @@ def read_inputs(path: str) -> list[str]:
   except UnicodeDecodeError as e:
     line = data[:e.start].count(b"\n") + 1
     raise InputFileError(f"input file '{path}' is not UTF-8: line {line}, byte offset "
-                         f"{e.start} (0x{data[e.start]:02x})") from None
+                         f"{e.start} (0x{data[e.start]:02x}); expected UTF-8 text") from None
   if text.startswith("\ufeff"):
     text = text[1:]  # a UTF-8 byte order mark is not part of the first text
   # Only "\n" ends a line: str.splitlines would also split on form feeds and
@@ -575,8 +576,9 @@ def run(args: argparse.Namespace) -> Features:
                       "(--pooling none) file")
   if (ext == ".npz") != (args.pooling == "none"):
     raise ConfigError(
-        f"--output '{args.output}' with --pooling {args.pooling}: per-token features "
-        "(--pooling none) go to a .npz file, pooled ones (cls, mean, pooler) to a .npy file")
+        f"--output '{args.output}' with --pooling {args.pooling}: expected a "
+        f"{'.npz' if args.pooling == 'none' else '.npy'} file (per-token features, --pooling "
+        "none, go to .npz; pooled ones, cls/mean/pooler, to .npy)")
   out_dir = os.path.dirname(os.path.abspath(args.output))
   if not os.path.isdir(out_dir):
     raise ConfigError(f"--output '{args.output}': directory {out_dir} does not exist")

@@ -60,7 +60,7 @@ class BertConfig:
     if self.hidden_size % self.num_heads:
       raise ConfigError(
           f"config.model.hidden_size={self.hidden_size} is not divisible by "
-          f"config.model.num_heads={self.num_heads}")
+          f"config.model.num_heads={self.num_heads}; expected heads of equal size")
     for name in ("dropout_rate", "attention_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ConfigError(f"config.model.{name}={getattr(self, name)!r}: expected 0 <= rate < 1")

@@ -48,6 +48,8 @@ def make_optimizer(train: ml_collections.ConfigDict) -> tuple[optax.GradientTran
     raise ConfigError(f"config.train.num_steps={train.num_steps}: expected a positive integer")
   if train.warmup_steps < 0:
     raise ConfigError(f"config.train.warmup_steps={train.warmup_steps}: expected >= 0")
+  if not train.learning_rate > 0:  # a negative rate climbs the loss without any error
+    raise ConfigError(f"config.train.learning_rate={train.learning_rate}: expected > 0")
   schedule = bert_schedule(train.learning_rate, train.warmup_steps, train.num_steps)
   tx = optax.chain(
       optax.clip_by_global_norm(train.max_grad_norm),

@@ -16,14 +16,17 @@ class Reporter:
     self.active = jax.process_index() == 0
     self.history_path = os.path.join(workdir, "metrics.jsonl")
     self.plot_path = os.path.join(workdir, "training_curves.png")
+    # Opened at the first write: a run that fails before logging anything (e.g.
+    # resuming with another model size) leaves no new events file behind.
+    self._tensorboard_dir = os.path.join(workdir, "tensorboard")
     self._writer = None
-    if self.active:
-      from tensorboardX import SummaryWriter  # no TensorFlow needed
-      self._writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def write(self, split: str, step: int, metrics: dict) -> None:
     if not self.active:
       return
+    if self._writer is None:
+      from tensorboardX import SummaryWriter  # no TensorFlow needed
+      self._writer = SummaryWriter(self._tensorboard_dir)
     for k, v in metrics.items():
       self._writer.add_scalar(f"{split}/{k}", float(v), step)
     self._writer.flush()

@@ -41,12 +41,16 @@ def phases_from_config(config: ml_collections.ConfigDict) -> list[Phase]:
   if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
     raise ConfigError(f"config.train.phase_fractions={fractions}: expected positive "
                       "fractions summing to 1")
+  for name, values in (("seq_lens", lens), ("max_predictions", preds)):
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+      raise ConfigError(f"config.train.{name}={values}: expected integers, e.g. '(128,512)'")
   out, start, acc = [], 0, 0.0
   for i, (f, seq_len, p) in enumerate(zip(fractions, lens, preds)):
     if seq_len > config.model.max_position_embeddings:
       raise ConfigError(
           f"config.train.seq_lens[{i}]={seq_len} is above "
-          f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
+          f"config.model.max_position_embeddings={config.model.max_position_embeddings}; "
+          "expected at most that")
     if seq_len < 8 or not 0 < p <= seq_len:
       raise ConfigError(f"config.train.seq_lens[{i}]={seq_len}, max_predictions[{i}]={p}: "
                         "expected seq_len >= 8 and 0 < max_predictions <= seq_len")
@@ -292,6 +296,16 @@ def _check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str)
           "use another --workdir or the original config")
 
 
+def _check_workdir(workdir: str) -> None:
+  """A workdir that cannot be a directory fails here, not deep inside data preparation."""
+  path = os.path.abspath(workdir)
+  while not os.path.isdir(path):
+    if os.path.lexists(path):
+      raise ConfigError(f"--workdir {workdir}: {path} is not a directory; expected a directory "
+                        "(created if missing)")
+    path = os.path.dirname(path)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Pre-trains from `config` in `workdir`, resuming from its latest checkpoint.
 
@@ -300,6 +314,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   from bert_jax.reporting import Reporter
 
   phases = validate_config(config)  # fail before anything is written
+  _check_workdir(workdir)
   mesh = sharding.make_mesh(config.mesh.model_parallel)
   sharding.check_batch(config.train.batch_size, mesh, config.train.grad_accum_steps)
 
