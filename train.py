@@ -54,7 +54,13 @@ except (AttributeError, KeyError) as e:
   _flag_error(e)
 flags.DEFINE_string("workdir", "runs/tiny", "Checkpoints, logs and prepared data go here.")
 flags.DEFINE_bool("jax_distributed", False,
-                  "Call jax.distributed.initialize() first (multi-host TPU pods, multi-process GPU).")
+                  "Call jax.distributed.initialize() first (multi-host TPU pods, multi-process GPU); "
+                  "auto-detects the cluster unless the three flags below are given.")
+flags.DEFINE_string("coordinator_address", None,
+                    "host:port of process 0's coordinator, e.g. 127.0.0.1:12345 (implies "
+                    "--jax_distributed; with --num_processes and --process_id).")
+flags.DEFINE_integer("num_processes", None, "Number of processes in the run.")
+flags.DEFINE_integer("process_id", None, "This process's index, 0 .. num_processes-1.")
 FLAGS = flags.FLAGS
 
 
@@ -72,12 +78,13 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
-  import jax
-  if FLAGS.jax_distributed:
-    jax.distributed.initialize()
   from bert_jax.errors import BertJaxError
   from bert_jax.trainer import train_and_evaluate
   try:
+    explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    if FLAGS.jax_distributed or any(v is not None for v in explicit):
+      from bert_jax import sharding
+      sharding.initialize_distributed(*explicit)
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except BertJaxError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -5,7 +5,7 @@ is (data, model) over every device of every host; data parallel by default,
 parameters optionally sharded over the data axis too ('fsdp').
 """
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import flax.linen as nn
 import jax
@@ -15,6 +15,32 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from bert_jax.errors import ConfigError
 
 DATA, MODEL = "data", "model"
+
+
+def initialize_distributed(coordinator_address: Optional[str] = None,
+                           num_processes: Optional[int] = None,
+                           process_id: Optional[int] = None) -> None:
+  """Joins this process to a multi-process JAX run; call before any JAX computation.
+
+  With no arguments the cluster is auto-detected (TPU pods, Slurm, Open MPI).
+  Otherwise all three are needed, e.g. ('127.0.0.1:12345', 2, i) for two local
+  processes; process 0 hosts the coordinator at that address.
+  """
+  explicit = (coordinator_address, num_processes, process_id)
+  if any(v is not None for v in explicit):
+    if any(v is None for v in explicit):
+      raise ConfigError(
+          "--coordinator_address, --num_processes and --process_id: expected all three "
+          f"or none, got {coordinator_address!r}, {num_processes!r}, {process_id!r}")
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+      raise ConfigError(f"--process_id={process_id}: expected 0 <= process_id < "
+                        f"--num_processes={num_processes}")
+  # CPU processes need a cross-process collective implementation, or every
+  # cross-host all-reduce fails; gloo ships with jaxlib (the default in recent
+  # jax, set explicitly so an older default of "none" cannot break it). It
+  # only affects the CPU backend, so TPU and GPU runs are unchanged.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address, num_processes, process_id)
 
 
 def make_mesh(model_parallel: int = 1, devices=None) -> Mesh:
@@ -72,3 +98,9 @@ def global_batch(local: Mapping[str, np.ndarray], mesh: Mesh) -> dict:
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in local.items()}
+
+
+def replicate(value: np.ndarray, mesh: Mesh) -> jax.Array:
+  """A host value (the same on every process) -> one array replicated on all devices."""
+  value = np.asarray(value)
+  return jax.make_array_from_callback(value.shape, replicated(mesh), lambda index: value[index])

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 
 from bert_jax import checkpointing, losses, masking, optim, sharding
-from bert_jax.errors import CheckpointError, ConfigError
+from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.model import BertConfig, BertForPreTraining
 
 
@@ -272,17 +272,71 @@ def _prepare_data(config: ml_collections.ConfigDict, workdir: str, phases: list[
   from bert_jax import dataset  # data code imports no JAX; keep it out of module import
   cache_dir = config.data.cache_dir or os.path.join(workdir, "prepared")
   seq_lens = sorted({ph.seq_len for ph in phases})
-  if jax.process_count() > 1:
-    # Process 0 prepares first; on a shared filesystem the others then reuse
-    # its files, on local disks each builds the identical (seeded) dataset.
-    from jax.experimental import multihost_utils
-    if jax.process_index() == 0:
-      prepared = dataset.prepare(config.data, seq_lens, cache_dir, config.seed)
-    multihost_utils.sync_global_devices("bert_jax:data_prepared")
-    if jax.process_index() != 0:
-      prepared = dataset.prepare(config.data, seq_lens, cache_dir, config.seed)
-    return prepared
-  return dataset.prepare(config.data, seq_lens, cache_dir, config.seed)
+  prepare = lambda data: dataset.prepare(data, seq_lens, cache_dir, config.seed)
+  if jax.process_count() == 1:
+    return prepare(config.data)
+  return _prepare_data_multiprocess(config.data, cache_dir, prepare)
+
+
+def _prepare_data_multiprocess(data: ml_collections.ConfigDict, cache_dir: str,
+                               prepare: Callable) -> Any:
+  """Process 0 prepares; the others then use its vocabulary, whatever their storage.
+
+  WordPiece training is not deterministic across processes
+  (huggingface/tokenizers#1794), so no other process may train its own: on
+  shared storage they load process 0's files; on a host-local cache they
+  build the same (seeded) examples from process 0's vocabulary.
+  """
+  from bert_jax import dataset
+  from bert_jax.tokenizer import VOCAB_FILE, Tokenizer
+  prepared, error = None, None
+  if jax.process_index() == 0:
+    try:
+      prepared = prepare(data)
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+  # Every process waits here for process 0's result, and a failure there
+  # stops them all instead of leaving them blocked in the next collective.
+  if error is not None:
+    mine = {"error": f"{type(error).__name__}: {' '.join(str(error).split())}",
+            "user_error": isinstance(error, BertJaxError)}
+  elif prepared is not None:
+    mine = {"key": os.path.basename(prepared.directory), "vocab": prepared.tokenizer.vocab,
+            "lowercase": prepared.tokenizer.lowercase}
+  else:
+    mine = {}  # not process 0: only its message is read
+  msg = json.loads(_broadcast_from_process_0(json.dumps(mine)))
+  if error is not None:
+    raise error
+  if "error" in msg:
+    cls = BertJaxError if msg["user_error"] else RuntimeError
+    raise cls(f"process 0 could not prepare the data: {msg['error']}")
+  if jax.process_index() != 0:
+    own = os.path.join(os.path.abspath(cache_dir), msg["key"], dataset.TOKENIZER_DIR, VOCAB_FILE)
+    if data.vocab_file or os.path.isfile(own):
+      prepared = prepare(data)  # process 0's files on shared storage, or this host's own
+    else:
+      import tempfile
+      with tempfile.TemporaryDirectory() as tmp:
+        local = data.copy_and_resolve_references()
+        local.vocab_file = Tokenizer(msg["vocab"], msg["lowercase"]).save(tmp)
+        local.lowercase = msg["lowercase"]
+        prepared = prepare(local)
+    if prepared.tokenizer.vocab != msg["vocab"]:
+      raise ConfigError(
+          f"config.data.cache_dir: process {jax.process_index()}'s prepared data "
+          f"{prepared.directory} has another vocabulary than process 0's; share the cache "
+          "directory between hosts, delete it on this host, or set config.data.vocab_file")
+  return prepared
+
+
+def _broadcast_from_process_0(text: str) -> str:
+  """Process 0's `text` on every process (a collective: all must call it)."""
+  from jax.experimental import multihost_utils
+  data = np.frombuffer(text.encode(), np.uint8)
+  n = int(multihost_utils.broadcast_one_to_all(np.int32(data.size)))
+  buf = data if jax.process_index() == 0 else np.zeros(n, np.uint8)
+  return bytes(np.asarray(multihost_utils.broadcast_one_to_all(buf))).decode()
 
 
 def _check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str) -> None:
@@ -326,7 +380,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(trainer.abstract_params))
   _log(f"model: {bert_config.num_layers} layers, hidden {bert_config.hidden_size}, "
        f"{bert_config.num_heads} heads, vocab {tok.vocab_size} -> {n_params / 1e6:.2f}M params; "
-       f"{jax.device_count()} {jax.devices()[0].platform} devices, mesh {dict(mesh.shape)}")
+       f"{jax.device_count()} {jax.devices()[0].platform} devices"
+       + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
+       + f", mesh {dict(mesh.shape)}")
 
   ckpt_dir = os.path.join(workdir, "checkpoints")
   mngr = checkpointing.manager(ckpt_dir, keep=config.keep_checkpoints)
@@ -365,7 +421,10 @@ class _Run:
     self.mngr, self.reporter, self.meta_base = mngr, reporter, meta_base
     self.step, self.position = 0, 0
     self.params = self.opt_state = None
-    self.rng_data = jax.random.key_data(trainer.train_key)
+    # Replicated over the whole mesh: Orbax cannot save a single-device array
+    # when there are several processes.
+    self.rng_data = sharding.replicate(np.asarray(jax.random.key_data(trainer.train_key)),
+                                       trainer.mesh)
 
   def restore(self, step: int, ckpt_dir: str) -> None:
     # Model shape first: a mismatch should be one clear line, not an Orbax error.

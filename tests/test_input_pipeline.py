@@ -46,6 +46,20 @@ def test_hosts_read_disjoint_slices_whose_union_is_the_global_batch():
     assert len(set(sum(parts, []))) == 12
 
 
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_hosts_split_each_global_batch_exactly_after_a_resume(hosts):
+  # 30 examples, batches of 8 from batch 3 on: stream items 24..63, which wrap
+  # twice into a new epoch. The hosts' slices, in host order, are the global batch.
+  source, start = make_source(30), 3
+  whole = take(TrainIterator(source, 8, seed=7, start_batch=start, prefetch=0), 5)
+  per_host = [take(TrainIterator(source, 8, seed=7, process_index=p, process_count=hosts,
+                                 start_batch=start), 5) for p in range(hosts)]
+  for b in range(5):
+    parts = [ids(per_host[p][b]) for p in range(hosts)]
+    assert [len(part) for part in parts] == [8 // hosts] * hosts
+    assert sum(parts, []) == ids(whole[b])
+
+
 def test_resume_from_position_gives_the_identical_next_batches():
   source = make_source(37)
   first = TrainIterator(source, 8, seed=1)

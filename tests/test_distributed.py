@@ -1,0 +1,208 @@
+"""Scale-out: two jax.distributed processes, and resumes across device counts.
+
+Every run is a `python train.py` subprocess (a process has one device count and
+one distributed setup for life). The two-process runs use the loopback address
+and 4 simulated CPU devices each; the reference is one process with 8.
+
+All runs share one schedule: with warmup longer than the run, the learning rate
+is lr * step / warmup whatever `num_steps` is, so a run stopped at step 12 by
+`--config.train.num_steps=12` and continued with `=24` follows the same
+schedule as one run of 24 steps.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "train.py")
+TIMEOUT_S = 240  # per launch; a hung collective must fail the test, not the CI job
+STEPS, HALF = 24, 12
+
+TINY = [
+    "--config.data.corpus=" + os.path.join(ROOT, "data", "corpus.txt"),
+    "--config.data.dupe_factor=2", "--config.data.vocab_size=512",
+    "--config.model.hidden_size=32", "--config.model.num_layers=1",
+    "--config.model.num_heads=2", "--config.model.intermediate_size=64",
+    "--config.model.max_position_embeddings=32",
+    "--config.train.seq_lens=(32,)", "--config.train.max_predictions=(5,)",
+    "--config.train.batch_size=16", "--config.train.learning_rate=0.1",
+    "--config.train.warmup_steps=1000",
+    "--config.log_every=1", f"--config.checkpoint_every={HALF}",
+    "--config.eval_every=1000", "--config.eval_batches=1", "--config.progress_bar=False",
+]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(devices: int, cache: str) -> dict:
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
+         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+         # Runs with the same device layout compile the same programs once.
+         "JAX_COMPILATION_CACHE_DIR": cache,
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+  return env
+
+
+def _launch(launches: dict[str, tuple[list[str], int]], logs: str, cache: str,
+            stop_on_failure: bool = True) -> dict[str, tuple[int, str, str]]:
+  """Starts every launch {name: (train.py args, devices)} at once and waits for all.
+
+  Returns {name: (exit code, stdout, stderr)}. The timeout, or with
+  `stop_on_failure` any failure, kills all of them (a process left alone would
+  wait for its peer in a collective); the timeout fails the test with each
+  one's stderr tail.
+  """
+  os.makedirs(logs, exist_ok=True)
+  procs = {}
+  for name, (args, devices) in launches.items():
+    out, err = os.path.join(logs, f"{name}.out"), os.path.join(logs, f"{name}.err")
+    with open(out, "w") as o, open(err, "w") as e:
+      procs[name] = (subprocess.Popen([sys.executable, TRAIN, *TINY, *args], cwd=ROOT, stdout=o,
+                                      stderr=e, env=_env(devices, cache),
+                                      start_new_session=True), out, err)
+  deadline, timed_out = time.monotonic() + TIMEOUT_S, False
+  while any(p.poll() is None for p, _, _ in procs.values()):
+    if stop_on_failure and any(p.poll() not in (None, 0) for p, _, _ in procs.values()):
+      break
+    if time.monotonic() > deadline:
+      timed_out = True
+      break
+    time.sleep(0.2)
+  for p, _, _ in procs.values():
+    if p.poll() is None:
+      os.killpg(p.pid, signal.SIGKILL)
+      p.wait()
+  results = {}
+  for name, (p, out, err) in procs.items():
+    with open(out, errors="replace") as o, open(err, errors="replace") as e:
+      results[name] = (p.returncode, o.read(), e.read())
+  if timed_out:
+    pytest.fail(f"timed out after {TIMEOUT_S} s:\n" + _report(results), pytrace=False)
+  return results
+
+
+def _report(results: dict[str, tuple[int, str, str]]) -> str:
+  tails = {name: "\n".join([l for l in err.splitlines() if not l.startswith("[Gloo]")][-15:])
+           for name, (_, _, err) in results.items()}
+  return "\n".join(f"--- {name} (exit {results[name][0]}) stderr tail:\n{tail}"
+                   for name, tail in tails.items())
+
+
+def _run(launches: dict[str, tuple[list[str], int]], logs: str, cache: str) -> dict[str, str]:
+  """Like `_launch`, but every process must succeed; returns their stdouts."""
+  results = _launch(launches, logs, cache)
+  if any(code != 0 for code, _, _ in results.values()):
+    pytest.fail("a process failed:\n" + _report(results), pytrace=False)
+  return {name: out for name, (_, out, _) in results.items()}
+
+
+def _one_process(workdir: str, steps: int, devices: int, data: str) -> tuple[list[str], int]:
+  return [f"--workdir={workdir}", f"--config.train.num_steps={steps}",
+          f"--config.data.cache_dir={data}"], devices
+
+
+def _two_processes(workdir: str, steps: int, data: tuple[str, str]) -> dict:
+  address = f"127.0.0.1:{_free_port()}"
+  return {f"process{i}": ([f"--workdir={workdir}", f"--config.train.num_steps={steps}",
+                           f"--config.data.cache_dir={data[i]}",
+                           f"--coordinator_address={address}", "--num_processes=2",
+                           f"--process_id={i}"], 4) for i in range(2)}
+
+
+def _losses(workdir: str) -> dict[int, float]:
+  """Per-step train loss from metrics.jsonl (written by process 0 only)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(l) for l in f if l.strip()]
+  steps = [r["step"] for r in rows if r["split"] == "train"]
+  assert steps == list(range(steps[0], steps[0] + len(steps))), f"steps logged: {steps}"
+  return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+
+
+def _resumed_at(stdout: str, step: int) -> bool:
+  return re.search(rf"resumed .* at step {step}\b", stdout) is not None
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+  """Every launch of this module, independent ones side by side (2 cores).
+
+  reference        1 process, 8 devices, steps 0-24 uninterrupted; prepares the data
+  two_processes    2 processes x 4 devices: steps 0-12, then a rerun resumes to 24
+  device_counts    the reference's step-12 checkpoint on 1 device to 18, then 8 to 24
+  """
+  root = tmp_path_factory.mktemp("distributed")
+  jit, data, logs = str(root / "jit"), str(root / "data"), str(root / "logs")
+  ref, multi, counts = (str(root / n) for n in ("reference", "two_processes", "device_counts"))
+  # Process 0 uses the reference's prepared data; process 1 has a cache of its
+  # own (a host with local disk), which it must fill from process 0's vocabulary.
+  pair_data = (data, str(root / "process1_local_data"))
+  out = {"reference": _run({"ref": _one_process(ref, STEPS, 8, data)}, logs, jit)["ref"]}
+  shutil.copytree(os.path.join(ref, "checkpoints", str(HALF)),
+                  os.path.join(counts, "checkpoints", str(HALF)))
+  first = _run({**_two_processes(multi, HALF, pair_data),
+                "one_device": _one_process(counts, HALF + HALF // 2, 1, data)}, logs + "1", jit)
+  first_losses = _losses(multi)
+  second = _run({**_two_processes(multi, STEPS, pair_data),
+                 "eight_devices": _one_process(counts, STEPS, 8, data)}, logs + "2", jit)
+  return {"reference": _losses(ref), "two_processes": _losses(multi),
+          "two_processes_first": first_losses, "device_counts": _losses(counts),
+          "stdout": {**out, "first": first, "second": second}}
+
+
+def test_two_processes_match_one_process_through_a_stop_and_resume(runs):
+  # If the processes read overlapping or wrong shards of a global batch, or the
+  # resume lost the data position or optimizer state, the losses would differ
+  # by far more than float rounding (steps change the loss by ~1e-2).
+  stdout = runs["stdout"]
+  assert "8 cpu devices in 2 processes" in stdout["first"]["process0"]
+  assert sorted(runs["two_processes_first"]) == list(range(1, HALF + 1))
+  assert _resumed_at(stdout["second"]["process0"], HALF), stdout["second"]["process0"]
+  losses, expected = runs["two_processes"], runs["reference"]
+  assert sorted(losses) == sorted(expected) == list(range(1, STEPS + 1))
+  np.testing.assert_allclose([losses[s] for s in sorted(losses)],
+                             [expected[s] for s in sorted(expected)], rtol=0, atol=1e-5)
+
+
+def test_training_resumes_across_device_counts(runs):
+  # 8 devices -> 1 -> 8. Reductions run in another order on another device
+  # count, so the losses agree with the uninterrupted run to float rounding,
+  # not bit for bit.
+  stdout = runs["stdout"]
+  one, eight = stdout["first"]["one_device"], stdout["second"]["eight_devices"]
+  assert "1 cpu devices" in one and _resumed_at(one, HALF), one
+  assert "8 cpu devices" in eight and _resumed_at(eight, HALF + HALF // 2), eight
+  losses, expected = runs["device_counts"], runs["reference"]
+  assert sorted(losses) == list(range(HALF + 1, STEPS + 1))
+  np.testing.assert_allclose([losses[s] for s in sorted(losses)],
+                             [expected[s] for s in sorted(losses)], rtol=1e-5, atol=0)
+
+
+def test_a_failure_on_process_0_stops_both_processes_with_one_line_errors(tmp_path):
+  # Process 0 cannot prepare the data (no such corpus): process 1, waiting for
+  # its vocabulary, must stop too instead of hanging in a collective.
+  missing = str(tmp_path / "missing.txt")
+  launches = _two_processes(str(tmp_path / "run"), HALF,
+                            (str(tmp_path / "data0"), str(tmp_path / "data1")))
+  for args, _ in launches.values():
+    args.append(f"--config.data.corpus={missing}")
+  results = _launch(launches, str(tmp_path / "logs"), str(tmp_path / "jit"),
+                    stop_on_failure=False)
+  for name, (code, _, err) in results.items():
+    errors = [l for l in err.splitlines() if l.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "missing.txt" in errors[0], _report(results)
+  assert "process 0" in results["process1"][2]
