@@ -111,3 +111,11 @@ def test_dropout_is_active_only_when_not_deterministic():
 def test_impossible_model_config_names_the_field(change, field):
   with pytest.raises(ConfigError, match=field):
     BertConfig(**{**SMALL.to_dict(), **change}).validate()
+
+
+def test_dropout_keeps_one_minus_rate_and_preserves_the_mean():
+  from bert_jax.model import Dropout
+  x = jnp.ones((64, 16, 256), jnp.float32)  # ~262k draws: std of the kept fraction ~6e-4
+  y = Dropout(0.1).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(3)})
+  assert abs(float((y > 0).mean()) - 0.9) < 3e-3
+  assert abs(float(y.mean()) - 1.0) < 4e-3
