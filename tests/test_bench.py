@@ -1,0 +1,80 @@
+"""Benchmark plumbing with tiny sizes: FLOP formula, one run end to end, errors."""
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from bert_jax import bench
+from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+
+README = "# x\n\n## Performance\n\nintro\n\n<!-- bench:start -->\nold table\n<!-- bench:end -->\n\nafter\n"
+
+
+@pytest.mark.parametrize("kind", ["features", "train"])
+def test_analytic_flops_cover_what_xla_counts_but_elementwise_work(kind):
+  size = bench.ModelSize(2, 256, 4, 1024, 1000, "float32")
+  cfg = BertConfig(vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4,
+                   intermediate_size=1024, max_position_embeddings=128)
+  B, L, P = 2, 128, 20
+  ids, pos = jnp.ones((B, L), jnp.int32), jnp.ones((B, P), jnp.int32)
+  if kind == "features":
+    model, args = BertModel(cfg), (ids, ids, ids)
+    out = lambda o: o.sequence_BxLxD.sum() + o.pooled_BxD.sum()
+  else:
+    model, args = BertForPreTraining(cfg), (ids, ids, ids, pos)
+    out = lambda o: o.mlm_logits_BxPxV.sum() + o.nsp_logits_Bx2.sum()
+  params = jax.eval_shape(lambda: nn.meta.unbox(model.init(jax.random.key(0), *args))["params"])
+  compiled = jax.jit(lambda p, *a: out(model.apply({"params": p}, *a))).lower(params, *args).compile()
+  cost = compiled.cost_analysis()
+  xla_flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
+  # A train step counts 3 forwards; XLA's count adds softmax, GELU, LayerNorm.
+  analytic = bench.model_flops(size, kind, B, L, P) / (3 if kind == "train" else 1)
+  assert 0.9 * xla_flops <= analytic <= xla_flops
+
+
+def test_a_run_writes_json_markdown_and_only_the_readme_block(tmp_path, monkeypatch):
+  # The plumbing, not the speed: a 64-wide BERT in place of BERT-Base.
+  mini = bench.ModelSize(2, 64, 2, 128, 1000, "float32")
+  monkeypatch.setattr(bench, "model_sizes", lambda: {"tiny": mini, "small": mini, "base": mini})
+  readme = tmp_path / "README.md"
+  readme.write_text(README)
+  out, md = tmp_path / "r.json", tmp_path / "r.md"
+  # Feature extraction: the cheapest compile; a train step goes the same way.
+  rc = bench.main(["--quick", "--in-process", "--cases", "features_base_128",
+                   "--impls", "ours,hf_torch", "--steps", "2", "--warmup", "0", "--peak-n", "256",
+                   "--out", str(out), "--md", str(md), "--readme", "--readme-path", str(readme)])
+  assert rc == 0
+  result = json.loads(out.read_text())
+  by_impl = {(r["impl"], r["dtype"]): r for r in result["rows"]}
+  assert set(by_impl) == {("ours", "float32"), ("hf_torch", "float32")}
+  ours = by_impl["ours", "float32"]
+  assert ours["tokens_per_s"] > 0 and ours["timed_steps"] == 2
+  assert ours["min_s"] <= ours["median_s"] <= ours["max_s"]
+  assert ours["ratio_vs_hf_torch"] == pytest.approx(
+      ours["tokens_per_s"] / by_impl["hf_torch", "float32"]["tokens_per_s"])
+  text = readme.read_text()
+  assert "old table" not in text and md.read_text() in text
+  before, after = README.split("<!-- bench:start -->")[0], README.split("<!-- bench:end -->")[1]
+  assert text.startswith(before + "<!-- bench:start -->") and text.endswith(
+      "<!-- bench:end -->" + after)
+
+
+def test_a_readme_without_markers_is_a_one_line_error_before_anything_runs(tmp_path, capsys):
+  readme = tmp_path / "README.md"
+  readme.write_text("# no markers\n")
+  out = tmp_path / "r.json"
+  rc = bench.main(["--cases", "train_base_512", "--out", str(out), "--readme",
+                   "--readme-path", str(readme)])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and err.startswith("error: ") and "\n" not in err and "README.md" in err
+  assert not out.exists() and readme.read_text() == "# no markers\n"
+
+
+def test_an_unknown_case_is_a_one_line_error(capsys):
+  assert bench.main(["--cases", "train_huge_128"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: --cases") and "train_huge_128" in err and "\n" not in err
