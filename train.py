@@ -4,6 +4,11 @@
   python train.py --config configs/base.py --workdir runs/base --config.data.corpus=my.txt
 
 Rerunning with the same --workdir resumes from its latest checkpoint.
+
+Exit codes: 0 done; 2 bad input or config, or a failure reported on one
+`error: ...` line (unwritable checkpoint, NaN/inf training); 143 (SIGTERM) and
+130 (SIGINT) stopped during training after checkpointing the current step:
+rerun the same command to resume.
 """
 
 import os
@@ -73,12 +78,19 @@ def _parse_flags(argv: list[str]) -> list[str]:
     _flag_error(e)
 
 
+def _last_line(text: str) -> None:
+  # One write to the file descriptor: library threads (TensorStore after a failed
+  # write) may still be printing tracebacks piecewise through sys.stderr, and a
+  # half-printed one must not swallow the start of this line.
+  os.write(sys.stderr.fileno(), (text + "\n").encode())
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
-  from bert_jax.errors import BertJaxError
+  from bert_jax.errors import BertJaxError, Preempted
   from bert_jax.trainer import train_and_evaluate
   try:
     explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
@@ -86,10 +98,13 @@ def main(argv):
       from bert_jax import sharding
       sharding.initialize_distributed(*explicit)
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except Preempted as e:  # SIGTERM/SIGINT during training: checkpointed, resumable
+    _last_line(f"interrupted: {e}")
+    sys.exit(128 + e.signum)  # 143 for SIGTERM, 130 for SIGINT, as the shell reports them
   except BertJaxError as e:
-    print(f"error: {e}", file=sys.stderr)
+    _last_line(f"error: {e}")
     sys.exit(2)
-  except KeyboardInterrupt:
+  except KeyboardInterrupt:  # Ctrl-C before training started (e.g. preparing data)
     print("interrupted", file=sys.stderr)
     sys.exit(130)
 

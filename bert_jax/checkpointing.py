@@ -28,10 +28,36 @@ def _handlers() -> dict:
 
 
 def manager(directory: str, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
+  """The manager a training run writes with.
+
+  Orbax writes each step into `<step>.orbax-checkpoint-tmp-*` and renames it
+  when complete, so a run killed mid-write leaves only that temporary folder:
+  it is never listed as a step, and it is deleted here when the run restarts.
+  """
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+      max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
+      cleanup_tmp_directories=True)
   return ocp.CheckpointManager(os.path.abspath(directory), options=options,
                                item_handlers=_handlers())
+
+
+def move_aside(mngr: ocp.CheckpointManager, step: int) -> str:
+  """Renames an unreadable step folder to `corrupt-<step>` (kept for inspection).
+
+  Orbax no longer lists it, and the step can be written again. Returns the new path.
+  """
+  root = str(mngr.directory)
+  target = os.path.join(root, f"corrupt-{step}")
+  if jax.process_index() == 0:
+    n = 1
+    while os.path.exists(target):
+      target, n = os.path.join(root, f"corrupt-{step}-{n}"), n + 1
+    os.rename(os.path.join(root, str(step)), target)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(f"bert_jax:moved_aside_{step}")
+  mngr.reload()
+  return target
 
 
 def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any,

@@ -19,3 +19,19 @@ class ConfigError(BertJaxError):
 
 class CheckpointError(BertJaxError):
   """A checkpoint that is missing, corrupt or does not match the config."""
+
+
+class NonFiniteError(BertJaxError):
+  """Training produced non-finite losses/gradients for too long, or NaN/inf parameters."""
+
+
+class Preempted(BertJaxError):
+  """SIGTERM/SIGINT stopped training after a checkpoint of the current step.
+
+  Not a failure of the input: train.py prints one line and exits 128 + signal
+  (143 for SIGTERM, 130 for SIGINT); rerunning the same command resumes.
+  """
+
+  def __init__(self, message: str, step: int, signum: int):
+    super().__init__(message)
+    self.step, self.signum = step, signum

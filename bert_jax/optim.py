@@ -1,10 +1,12 @@
 """Optax optimizer: Adam with decoupled weight decay, the BERT schedule, clipping.
 
+Steps with a non-finite loss or gradient are skipped (`skip_nonfinite`).
+
 Knows nothing of the model: the weight-decay mask comes from parameter names
 (no decay on LayerNorm parameters or biases, as in the reference).
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +44,40 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(keep, params)
 
 
+class SkipNonFiniteState(NamedTuple):
+  streak: jax.Array  # int32: consecutive skipped steps, 0 after a good one
+  skipped: jax.Array  # int32: skipped steps since the start of training
+  inner: Any
+
+
+def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+  """Wraps `inner` so a step with a non-finite loss or gradient changes nothing.
+
+  Such a step yields zero updates and keeps the inner state (Adam moments,
+  counts), so the parameters and optimizer state stay bit for bit as they
+  were. Unlike `optax.apply_if_finite` it never gives up and applies a bad
+  update: stopping after too many is the caller's decision (it reads `streak`).
+  The loss comes in as the extra argument `loss` (optional).
+  """
+  def init(params):
+    zero = jnp.zeros([], jnp.int32)
+    return SkipNonFiniteState(zero, zero, inner.init(params))
+
+  def update(grads, state, params=None, *, loss=None, **_):
+    finite = [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]
+    if loss is not None:
+      finite.append(jnp.all(jnp.isfinite(loss)))
+    ok = jnp.all(jnp.stack(finite))
+    updates, inner_state = jax.lax.cond(
+        ok, lambda: inner.update(grads, state.inner, params),
+        lambda: (jax.tree.map(jnp.zeros_like, grads), state.inner))
+    bad = 1 - ok.astype(jnp.int32)
+    return updates, SkipNonFiniteState(streak=(state.streak + bad) * bad,
+                                       skipped=state.skipped + bad, inner=inner_state)
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
 def make_optimizer(train: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, Callable]:
   """Returns (optimizer, learning-rate schedule) from `config.train`."""
   if train.num_steps <= 0:
@@ -51,12 +87,12 @@ def make_optimizer(train: ml_collections.ConfigDict) -> tuple[optax.GradientTran
   if not train.learning_rate > 0:  # a negative rate climbs the loss without any error
     raise ConfigError(f"config.train.learning_rate={train.learning_rate}: expected > 0")
   schedule = bert_schedule(train.learning_rate, train.warmup_steps, train.num_steps)
-  tx = optax.chain(
+  tx = skip_nonfinite(optax.chain(
       optax.clip_by_global_norm(train.max_grad_norm),
       optax.scale_by_adam(b1=train.b1, b2=train.b2, eps=train.eps),
       # Decoupled: the decay is added after Adam's scaling, so it is not
       # rescaled by the second-moment estimate (AdamW, and the reference).
       optax.add_decayed_weights(train.weight_decay, mask=decay_mask),
       optax.scale_by_learning_rate(schedule),
-  )
+  ))
   return tx, schedule

@@ -37,8 +37,13 @@ class Reporter:
     """Records up to `max_step` (a resumed run drops what it will redo)."""
     if not os.path.exists(self.history_path):
       return []
+    rows = []
     with open(self.history_path) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
+      for line in f:
+        try:
+          rows.append(json.loads(line))
+        except ValueError:
+          pass  # a line cut short by a killed run (it is logged again on resume)
     return [r for r in rows if r["step"] <= max_step]
 
   def truncate(self, max_step: int) -> None:

@@ -7,6 +7,10 @@ accumulation steps, b = B / A micro-batch, V padded vocabulary.
 import dataclasses
 import json
 import os
+import re
+import signal
+import sys
+import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
@@ -18,7 +22,7 @@ import numpy as np
 import optax
 
 from bert_jax import checkpointing, losses, masking, optim, sharding
-from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
+from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError, Preempted
 from bert_jax.model import BertConfig, BertForPreTraining
 
 
@@ -81,6 +85,9 @@ def validate_config(config: ml_collections.ConfigDict) -> list[Phase]:
   for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     if config[name] <= 0:
       raise ConfigError(f"config.{name}={config[name]}: expected a positive integer")
+  if config.train.max_consecutive_nonfinite <= 0:
+    raise ConfigError(f"config.train.max_consecutive_nonfinite="
+                      f"{config.train.max_consecutive_nonfinite}: expected a positive integer")
   if not 0.0 < config.masking.mask_prob < 1.0:
     raise ConfigError(f"config.masking.mask_prob={config.masking.mask_prob}: expected 0 < p < 1")
   optim.make_optimizer(config.train)
@@ -194,12 +201,18 @@ class Trainer:
         zero = jax.tree.map(jnp.zeros_like, (jnp.float32(0), (
             losses.Sums(*(jnp.float32(0),) * 3),) * 2, params))
         (loss, (mlm, nsp), grads), _ = jax.lax.scan(body, zero, (jnp.arange(accum), micro_all))
-      updates, opt_state = self.tx.update(grads, opt_state, params)
+      # A non-finite loss or gradient yields a zero update and keeps the
+      # optimizer state (optim.skip_nonfinite): the step changes nothing.
+      updates, opt_state = self.tx.update(grads, opt_state, params, loss=loss)
       params = optax.apply_updates(params, updates)
-      metrics = {"loss": loss, "mlm_loss": mlm.loss, "mlm_correct": mlm.correct,
-                 "mlm_count": mlm.count, "nsp_loss": nsp.loss, "nsp_correct": nsp.correct,
-                 "nsp_count": nsp.count, "grad_norm": optax.tree.norm(grads),
-                 "learning_rate": self.schedule(step)}
+      ok = opt_state.streak == 0
+      good = lambda x: jnp.where(ok, x, 0.0)  # a skipped step's NaNs stay out of the averages
+      metrics = {"loss": good(loss), "mlm_loss": good(mlm.loss),
+                 "mlm_correct": good(mlm.correct), "mlm_count": good(mlm.count),
+                 "nsp_loss": good(nsp.loss), "nsp_correct": good(nsp.correct),
+                 "nsp_count": good(nsp.count), "grad_norm": good(optax.tree.norm(grads)),
+                 "learning_rate": self.schedule(step), "skipped": 1.0 - ok.astype(jnp.float32),
+                 "nonfinite_streak": opt_state.streak, "skipped_total": opt_state.skipped}
       return params, opt_state, metrics
 
     bs = sharding.batch_sharding(self.mesh)
@@ -209,6 +222,13 @@ class Trainer:
                      donate_argnums=(0, 1))
     self._steps[max_predictions] = jitted
     return jitted
+
+  def params_finite(self, params) -> bool:
+    """True if no parameter is NaN or inf (checked before every checkpoint)."""
+    if "finite" not in self._steps:
+      self._steps["finite"] = jax.jit(lambda p: jnp.all(jnp.stack(
+          [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(p)])))
+    return bool(self._steps["finite"](params))
 
   def eval_step_fn(self, max_predictions: int) -> Callable:
     key = ("eval", max_predictions)
@@ -266,6 +286,73 @@ def summarize(sums: dict) -> dict:
 def _log(msg: str) -> None:
   if jax.process_index() == 0:
     print(msg, flush=True)
+
+
+def _warn(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+  """An exception as one short line (Orbax/TensorStore messages span many)."""
+  text = " ".join(str(e).split())
+  text = text[:limit] + "..." if len(text) > limit else text
+  return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _write_reason(e: BaseException) -> str:
+  """The OS error behind a failed write (TensorStore reports it inside a long text)."""
+  seen = e
+  while seen is not None:
+    if isinstance(seen, OSError) and seen.errno:
+      return f"OSError: [Errno {seen.errno}] {os.strerror(seen.errno)}"
+    code = re.search(r"os_error_code='(\d+)'", str(seen))
+    if code:
+      return f"OSError: [Errno {code.group(1)}] {os.strerror(int(code.group(1)))}"
+    seen = seen.__cause__ or seen.__context__
+  return _one_line(e)
+
+
+# Several processes must stop at the same step, so they agree on the stop flag
+# with a collective. That waits for the device, so not every step: every
+# STOP_SYNC_EVERY steps (one process checks its own flag every step, for free).
+STOP_SYNC_EVERY = 10
+
+
+class _StopSignals:
+  """SIGTERM/SIGINT ask the loop to checkpoint the current step and stop.
+
+  Installed only from the main thread (Python runs handlers there); `uninstall`
+  puts the previous handlers back. Further signals while the checkpoint is
+  written are noted and ignored, so it is never cut short (SIGKILL cannot cut
+  it short either: an unfinished Orbax checkpoint is a temporary folder that
+  the next run ignores and removes).
+  """
+
+  def __init__(self):
+    self.signum: Optional[int] = None
+    self._previous: dict = {}
+
+  def install(self) -> "_StopSignals":
+    if threading.current_thread() is threading.main_thread():
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def uninstall(self) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    self._previous = {}
+
+  def _handle(self, signum, frame) -> None:
+    name = signal.Signals(signum).name
+    if self.signum is None:
+      self.signum = signum
+      msg = f"{name} received: checkpointing the current step, then stopping\n"
+    else:
+      msg = f"{name} received: already stopping, waiting for the checkpoint to finish\n"
+    # os.write, not print: the handler may have interrupted a print.
+    os.write(2, msg.encode())
 
 
 def _prepare_data(config: ml_collections.ConfigDict, workdir: str, phases: list[Phase]):
@@ -387,21 +474,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ckpt_dir = os.path.join(workdir, "checkpoints")
   mngr = checkpointing.manager(ckpt_dir, keep=config.keep_checkpoints)
   reporter = Reporter(workdir)
+  signals = _StopSignals().install()
   run = _Run(config, trainer, prepared, phases, mngr, reporter, {
       "model_config": bert_config.to_dict(), "vocab": tok.vocab, "lowercase": tok.lowercase,
-      "seed": config.seed, "config": json.loads(config.to_json())})
+      "seed": config.seed, "config": json.loads(config.to_json())}, signals)
   try:
-    latest = mngr.latest_step()
-    if latest is not None:
-      run.restore(latest, ckpt_dir)
-    else:
+    if not run.restore_latest():
       run.params, run.opt_state = trainer.init_state()
+      reporter.truncate(0)  # records of an earlier run killed before its first checkpoint
     run.train()
+    run.stop_if_requested(sync=True)  # a signal during the last steps
     ev = run.final_eval()
-  finally:
-    # An interrupted run still finishes the checkpoint it started writing.
-    mngr.wait_until_finished()
+    run.finish_save()
     mngr.close()
+  except BaseException:
+    run.abandon()  # an interrupted run still finishes the checkpoint it started
+    raise
+  finally:
+    signals.uninstall()
     reporter.close()
   plot = reporter.plot(run.step)
   _log(f"final eval @ step {run.step}: MLM accuracy {ev['mlm_accuracy']:.4f} "
@@ -416,15 +506,42 @@ class _Run:
   """The mutable state of one training run: step, params, data position."""
 
   def __init__(self, config, trainer: Trainer, prepared, phases: list[Phase], mngr, reporter,
-               meta_base: dict):
+               meta_base: dict, signals: Optional[_StopSignals] = None):
     self.config, self.trainer, self.prepared, self.phases = config, trainer, prepared, phases
     self.mngr, self.reporter, self.meta_base = mngr, reporter, meta_base
+    self.signals = signals or _StopSignals()
+    self.ckpt_dir = str(mngr.directory)
     self.step, self.position = 0, 0
     self.params = self.opt_state = None
+    self._saving: Optional[int] = None  # step of the checkpoint being written
     # Replicated over the whole mesh: Orbax cannot save a single-device array
     # when there are several processes.
     self.rng_data = sharding.replicate(np.asarray(jax.random.key_data(trainer.train_key)),
                                        trainer.mesh)
+
+  def restore_latest(self) -> bool:
+    """Restores the newest readable checkpoint; False if there is none.
+
+    Orbax only lists complete checkpoints (one killed mid-write is a temporary
+    folder). A complete one that cannot be read (a truncated or deleted file)
+    is renamed to corrupt-<step>, so the step can be written again, and the
+    one before it is tried.
+    """
+    while (step := self.mngr.latest_step()) is not None:
+      try:
+        self.restore(step, self.ckpt_dir)
+        return True
+      except CheckpointError:
+        raise  # readable but made for another model: for the user to decide
+      except Exception as e:  # pylint: disable=broad-except
+        if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e):
+          raise  # the checkpoint may be fine; the device is too small
+        moved = checkpointing.move_aside(self.mngr, step)
+        previous = self.mngr.latest_step()
+        _warn(f"warning: checkpoint {self.ckpt_dir}/{step} is unreadable ({_one_line(e)}); "
+              f"moved it to {moved}; " + (f"falling back to step {previous}" if previous
+                                          is not None else "no older one: starting from step 0"))
+    return False
 
   def restore(self, step: int, ckpt_dir: str) -> None:
     # Model shape first: a mismatch should be one clear line, not an Orbax error.
@@ -442,10 +559,74 @@ class _Run:
     _log(f"resumed from {ckpt_dir} at step {self.step} (data position {self.position})")
 
   def save(self, phase: Phase, position: int) -> None:
-    checkpointing.save(self.mngr, self.step, self.params,
-                       {"opt_state": self.opt_state, "rng": self.rng_data},
-                       {**self.meta_base, "step": self.step, "phase": phase.index,
-                        "data_position": position})
+    """Starts writing a checkpoint of the current step (in the background)."""
+    if not self.trainer.params_finite(self.params):
+      raise NonFiniteError(
+          f"parameters at step {self.step} are NaN/inf: not writing checkpoint "
+          f"{self.ckpt_dir}/{self.step}; the newest checkpoint is step {self.mngr.latest_step()}")
+    self.finish_save()  # the previous one's error belongs to its own step
+    try:
+      checkpointing.save(self.mngr, self.step, self.params,
+                         {"opt_state": self.opt_state, "rng": self.rng_data},
+                         {**self.meta_base, "step": self.step, "phase": phase.index,
+                          "data_position": position})
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._write_error(self.step, e) from e
+    self._saving = self.step
+
+  def finish_save(self) -> None:
+    """Waits for the checkpoint being written; a failure becomes one clear line."""
+    step, self._saving = self._saving, None
+    try:
+      self.mngr.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._write_error(step, e) from e
+
+  def _write_error(self, step: Optional[int], e: Exception) -> CheckpointError:
+    try:
+      self.mngr.reload()  # what is on disk, not what was started
+      older = [s for s in self.mngr.all_steps() if s != step]
+    except Exception:  # pylint: disable=broad-except
+      older = []
+    return CheckpointError(
+        f"could not write checkpoint {self.ckpt_dir}/{step}: {_write_reason(e)}; older "
+        f"checkpoints are intact (steps {older})")
+
+  def abandon(self) -> None:
+    """After an error: finish the checkpoint in flight, never hiding the error."""
+    try:
+      if self._saving is not None:
+        self.finish_save()
+    except BertJaxError as e:
+      _warn(f"warning: {e}")
+    try:
+      self.mngr.close()
+    except Exception:  # pylint: disable=broad-except
+      pass  # e.g. the error of a save already reported
+
+  def stop_requested(self, sync: bool = False) -> Optional[int]:
+    """The signal that asks to stop, agreed by all processes; None to go on."""
+    if jax.process_count() == 1:
+      return self.signals.signum
+    if not sync and self.step % STOP_SYNC_EVERY:
+      return None
+    from jax.experimental import multihost_utils
+    flags = multihost_utils.process_allgather(np.int32(self.signals.signum or 0))
+    return int(np.max(flags)) or None
+
+  def stop_if_requested(self, sync: bool = False, phase: Optional[Phase] = None,
+                        position: int = 0) -> None:
+    """On a stop signal: checkpoint the current step, wait for it, raise Preempted."""
+    signum = self.stop_requested(sync)
+    if signum is None:
+      return
+    if phase is not None and self._saving != self.step:
+      self.save(phase, position)
+    self.finish_save()
+    name = signal.Signals(signum).name
+    raise Preempted(f"stopped by {name} at step {self.step}; checkpoint "
+                    f"{self.ckpt_dir}/{self.mngr.latest_step()} is complete; rerun the same "
+                    "command to resume", self.step, signum)
 
   def eval_batches(self, phase: Phase):
     from bert_jax import input_pipeline
@@ -488,8 +669,10 @@ class _Run:
               bar.set_postfix(loss=f"{m['loss']:.3f}", mlm_acc=f"{m['mlm_accuracy']:.3f}",
                               nsp_acc=f"{m['nsp_accuracy']:.3f}",
                               seq_s=f"{m['sequences_per_sec']:.0f}")
+              self._check_nonfinite(m["nonfinite_streak"])
             if self.step % c.checkpoint_every == 0 or self.step == c.train.num_steps:
               self.save(phase, it.position)
+            self.stop_if_requested(phase=phase, position=it.position)
             if self.step % c.eval_every == 0 and self.step < c.train.num_steps:
               ev = self.trainer.evaluate(self.params, self.eval_batches(phase),
                                          phase.max_predictions, c.eval_batches)
@@ -502,11 +685,25 @@ class _Run:
 
   @staticmethod
   def _train_metrics(pending: list, sequences_per_sec: float) -> dict:
-    sums = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(pending))
+    rows = jax.device_get(pending)
+    sums = jax.tree.map(lambda *x: float(np.sum(x)), *rows)
+    good = len(rows) - sums["skipped"]  # skipped steps report zeros, not NaN
+    mean = lambda k: sums[k] / good if good else float("nan")
     return summarize(sums) | {
-        "loss": sums["loss"] / len(pending), "grad_norm": sums["grad_norm"] / len(pending),
-        "learning_rate": float(jax.device_get(pending[-1]["learning_rate"])),
-        "sequences_per_sec": sequences_per_sec}
+        "loss": mean("loss"), "grad_norm": mean("grad_norm"),
+        "learning_rate": float(rows[-1]["learning_rate"]),
+        "sequences_per_sec": sequences_per_sec,
+        "skipped_steps": float(rows[-1]["skipped_total"]),
+        "nonfinite_streak": float(max(r["nonfinite_streak"] for r in rows))}
+
+  def _check_nonfinite(self, streak: float) -> None:
+    limit = self.config.train.max_consecutive_nonfinite
+    if streak >= limit:
+      raise NonFiniteError(
+          f"loss or gradients were NaN/inf for {int(streak)} consecutive steps (up to step "
+          f"{self.step}; config.train.max_consecutive_nonfinite={limit}); those steps left the "
+          f"parameters unchanged, the newest checkpoint is step {self.mngr.latest_step()}; "
+          "try a lower config.train.learning_rate")
 
   def final_eval(self) -> dict:
     last = self.phases[-1]
