@@ -1,0 +1,256 @@
+"""Soak test: SIGKILL training at random moments, resume, compare bit for bit.
+
+  python scripts/soak_kill.py                 # 20 trials of 3 kills each, ~10-20 min on 2 cores
+  python scripts/soak_kill.py --trials 5 --kills 2 --seed 7
+
+Each trial trains a tiny BERT on the toy corpus in a fresh workdir with
+`train.py`, kills it with SIGKILL at a random moment `--kills` times, reruns it
+to the end, and compares the final parameters with those of one uninterrupted
+reference run. Kill moments alternate between "mid-save" (as soon as an Orbax
+temporary checkpoint folder appears: in the middle of an asynchronous write)
+and "random" (after a random number of newly logged steps plus a random
+delay). After every kill the rerun must resume from the newest complete
+checkpoint. Prints how many trials ended identical; exits 1 if any did not.
+Not part of CI; tests/test_faults.py runs one short trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOY = os.path.join(ROOT, "data", "corpus.txt")
+TMP_MARK = ".orbax-checkpoint-tmp"
+
+
+def tiny_overrides(cache_dir: str, steps: int) -> dict:
+  """Config fields of a run of a few seconds that checkpoints every 4 steps."""
+  return {
+      "data.corpus": TOY, "data.dupe_factor": 2, "data.cache_dir": cache_dir,
+      "model.hidden_size": 32, "model.num_heads": 2, "model.intermediate_size": 64,
+      "model.num_layers": 1, "train.batch_size": 16, "train.num_steps": steps,
+      "train.warmup_steps": 2, "train.seq_lens": (32,), "train.max_predictions": (5,),
+      "log_every": 1, "checkpoint_every": 4, "eval_every": 1000, "eval_batches": 1,
+      "progress_bar": False}
+
+
+def tiny_args(workdir: str, cache_dir: str, steps: int) -> list[str]:
+  """train.py flags for `tiny_overrides`."""
+  return (["--config", os.path.join(ROOT, "configs", "tiny.py"), "--workdir", workdir]
+          + [f"--config.{k}={v}" for k, v in tiny_overrides(cache_dir, steps).items()])
+
+
+def tiny_config(cache_dir: str, steps: int):
+  """The same run as `tiny_args`, as a config for `train_and_evaluate` in this process."""
+  sys.path.insert(0, ROOT)
+  from configs import tiny
+  config = tiny.get_config()
+  config.update_from_flattened_dict(tiny_overrides(cache_dir, steps))
+  return config
+
+
+def subprocess_env(compile_cache: Optional[str] = None) -> dict:
+  """The caller's environment (device count included); optionally a shared compile cache."""
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+  if compile_cache:
+    # Reruns then skip XLA compilation (most of a tiny run's time); the cached
+    # executables are the ones a fresh compile would produce.
+    env.update(JAX_COMPILATION_CACHE_DIR=compile_cache,
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+  return env
+
+
+def complete_steps(workdir: str) -> list[int]:
+  """Steps whose checkpoint folder was renamed into place (Orbax's commit)."""
+  ckpt = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(ckpt):
+    return []
+  return sorted(int(n) for n in os.listdir(ckpt) if n.isdigit())
+
+
+def tmp_dirs(workdir: str) -> list[str]:
+  ckpt = os.path.join(workdir, "checkpoints")
+  try:
+    return [n for n in os.listdir(ckpt) if TMP_MARK in n]
+  except FileNotFoundError:
+    return []
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """The rows of metrics.jsonl (a line cut short by a kill is skipped)."""
+  rows = []
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      for line in f:
+        try:
+          rows.append(json.loads(line))
+        except ValueError:
+          continue
+  except FileNotFoundError:
+    pass
+  return rows
+
+
+def logged_steps(workdir: str) -> int:
+  """Highest train step in metrics.jsonl (0 if none)."""
+  return max([int(r["step"]) for r in read_metrics(workdir) if r.get("split") == "train"],
+             default=0)
+
+
+def wait_for_step(proc: subprocess.Popen, workdir: str, step: int,
+                  timeout: float = 300.0) -> None:
+  """Until the run has logged train step `step` (or ended)."""
+  deadline = time.monotonic() + timeout
+  while proc.poll() is None and logged_steps(workdir) < step:
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"train.py logged no step {step} in {timeout:.0f} s")
+    time.sleep(0.005)
+
+
+def wait_for_tmp_dir(proc: subprocess.Popen, workdir: str) -> None:
+  """Until an Orbax temporary checkpoint folder exists: a save is being written."""
+  while proc.poll() is None and not tmp_dirs(workdir):
+    time.sleep(0.001)
+
+
+sleep = time.sleep
+
+
+@dataclasses.dataclass
+class Kill:
+  mode: str  # "mid-save" or "random"
+  killed: bool  # False if the run ended first
+  at_step: int  # highest logged step when killed
+  tmp_left: list[str]  # Orbax temporary folders right after the kill
+  newest_complete: Optional[int]  # what the rerun must resume from
+
+
+def run_and_kill(args: list[str], env: dict, workdir: str, mode: str,
+                 rng: random.Random) -> Kill:
+  """Starts train.py and SIGKILLs it at a moment chosen by `mode`."""
+  target = logged_steps(workdir) + rng.randint(1, 6)
+  delay = rng.uniform(0.0, 0.3)
+  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    wait_for_step(proc, workdir, target)
+    if mode == "mid-save":
+      wait_for_tmp_dir(proc, workdir)
+    else:
+      time.sleep(delay)
+    killed = proc.poll() is None
+    if killed:
+      proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  steps = complete_steps(workdir)
+  return Kill(mode, killed, logged_steps(workdir), tmp_dirs(workdir),
+              steps[-1] if steps else None)
+
+
+def run_to_end(args: list[str], env: dict, timeout: float = 600.0) -> subprocess.CompletedProcess:
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
+                        capture_output=True, text=True, timeout=timeout)
+  if proc.returncode != 0:
+    raise RuntimeError(f"train.py exited {proc.returncode}: {proc.stderr[-2000:]}")
+  return proc
+
+
+def resumed_step(stdout: str) -> Optional[int]:
+  m = re.search(r"resumed from .* at step (\d+)", stdout)
+  return int(m.group(1)) if m else None
+
+
+def final_params(workdir: str):
+  import jax  # only here: the parent of the runs needs no JAX otherwise
+  from bert_jax import checkpointing
+  params, meta = checkpointing.restore_params(workdir)
+  return jax.device_get(params), meta
+
+
+def identical(a, b) -> bool:
+  import jax
+  import numpy as np
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb))
+
+
+def trial(workdir: str, cache_dir: str, steps: int, kills: int, env: dict,
+          rng: random.Random) -> tuple[list[Kill], Optional[int]]:
+  """Kills a fresh run `kills` times, then finishes it. Returns the kills and the step
+  the finishing run resumed from. Raises AssertionError if a rerun did not resume
+  from the newest complete checkpoint."""
+  args = tiny_args(workdir, cache_dir, steps)
+  done = []
+  for i in range(kills):
+    k = run_and_kill(args, env, workdir, "mid-save" if i % 2 == 0 else "random", rng)
+    done.append(k)
+    if not k.killed:
+      return done, None
+  last = run_to_end(args, env)
+  expected = done[-1].newest_complete
+  got = resumed_step(last.stdout)
+  assert got == expected, f"resumed from step {got}, newest complete checkpoint was {expected}"
+  assert not tmp_dirs(workdir), f"temporary checkpoint folders left: {tmp_dirs(workdir)}"
+  return done, got
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--trials", type=int, default=20)
+  ap.add_argument("--kills", type=int, default=3)
+  ap.add_argument("--steps", type=int, default=20)
+  ap.add_argument("--seed", type=int, default=None)
+  ap.add_argument("--workdir", default=None, help="default: a temporary directory, removed")
+  opts = ap.parse_args()
+  seed = opts.seed if opts.seed is not None else random.randrange(2**31)
+  rng = random.Random(seed)
+  base = opts.workdir or tempfile.mkdtemp(prefix="soak_kill_")
+  os.makedirs(base, exist_ok=True)
+  sys.path.insert(0, ROOT)
+  cache_dir, compile_cache = os.path.join(base, "prepared"), os.path.join(base, "xla_cache")
+  env = subprocess_env(compile_cache)
+  print(f"seed {seed}; runs in {base}", flush=True)
+  ref_dir = os.path.join(base, "reference")
+  shutil.rmtree(ref_dir, ignore_errors=True)
+  run_to_end(tiny_args(ref_dir, cache_dir, opts.steps), env)
+  ref, _ = final_params(ref_dir)
+  same = 0
+  for t in range(opts.trials):
+    wd = os.path.join(base, f"trial_{t}")
+    shutil.rmtree(wd, ignore_errors=True)
+    try:
+      kills, _ = trial(wd, cache_dir, opts.steps, opts.kills, env, rng)
+      params, meta = final_params(wd)
+      ok = meta["step"] == opts.steps and identical(ref, params)
+      note = "; ".join(
+          f"{k.mode} kill at step {k.at_step}" + (f" (left {k.tmp_left[0]})" if k.tmp_left else "")
+          + f" -> resume {k.newest_complete}" for k in kills if k.killed)
+    except (AssertionError, RuntimeError, TimeoutError) as e:
+      ok, note = False, f"FAILED: {e}"
+    same += ok
+    print(f"trial {t + 1}/{opts.trials}: {'identical' if ok else 'DIFFERENT'}; {note}", flush=True)
+  print(f"{same}/{opts.trials} trials ended identical to the uninterrupted run")
+  if not opts.workdir:
+    shutil.rmtree(base, ignore_errors=True)
+  return 0 if same == opts.trials else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
