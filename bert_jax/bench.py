@@ -13,7 +13,8 @@ replaces the block between the bench markers in README.md.
 Per case and implementation it reports the median step time of `--steps` timed
 steps after `--warmup` untimed ones (with min and max), sequences/s, tokens/s,
 analytic model FLOP/s (formula in `model_flops`) and its ratio to a matmul
-peak measured here for the same dtype (MFU), compile time, and peak memory.
+peak measured for the same dtype and framework in the same worker just before
+the case (MFU), compile time, and peak memory.
 
 Shape legend: B batch, L sequence length, P masked positions (max predictions),
 D hidden size, F feed-forward size, V vocabulary size, N layers.
@@ -456,23 +457,28 @@ def matmul_peak(framework: str, dtype: str, n: int = 0, repeats: int = 10) -> di
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-  case: str  # a Case name, or 'peak'
-  impl: str  # 'ours' | 'hf_flax' | 'hf_torch' | 'jax' | 'torch' (peak)
+  case: str  # a Case name
+  impl: str  # 'ours' | 'hf_flax' | 'hf_torch'
   dtype: str
 
 
 def run_job(job: Job, quick: bool, warmup: int, steps: int, peak_n: int = 0) -> dict:
-  """One measurement, in this process."""
-  if job.case == "peak":
-    return matmul_peak(job.impl, job.dtype, peak_n)
+  """One measurement, in this process.
+
+  The matmul peak is timed here, right before the case, by the framework the
+  case runs on: it then sees the same machine load as the case itself.
+  """
   case = {c.name: c for c in CASES}[job.case]
   if case.kind == "prepare":
     return _run_prepare(quick)
   if quick:
     case = _quick(case)
   size = _size(case, quick)
+  framework = "torch" if job.impl == "hf_torch" else "jax"
+  peak = matmul_peak(framework, job.dtype, peak_n)
   run = {"ours": _run_ours, "hf_flax": _run_hf_flax, "hf_torch": _run_hf_torch}[job.impl]
-  return run(case, size, job.dtype, warmup, steps)
+  return {**run(case, size, job.dtype, warmup, steps), "matmul_peak": {
+      k: peak[k] for k in ("framework", "dtype", "n", "flops_per_s", "min_s", "max_s")}}
 
 
 def _worker_env() -> dict:
@@ -520,11 +526,13 @@ def peers_available() -> dict[str, Optional[str]]:
   return out
 
 
-def plan(cases: Sequence[Case], impls: Sequence[str]) -> list[Job]:
+def plan(cases: Sequence[Case], impls: Sequence[str], all_dtypes: bool = False) -> list[Job]:
   """Every (case, impl, dtype) to run.
 
-  Ours in its config's dtype, and in float32 too where that default differs
-  (BERT-Base: bfloat16); the peers in their default, float32.
+  Everybody runs in float32 (the peers' default). Ours also runs in its
+  config's dtype where that differs (BERT-Base: bfloat16) on the mixed
+  precision case, train_base_128, or on every case with `all_dtypes`; the
+  full run must fit in 25 minutes on 2 cores.
   """
   jobs = []
   sizes = model_sizes()
@@ -532,15 +540,16 @@ def plan(cases: Sequence[Case], impls: Sequence[str]) -> list[Job]:
     if case.kind == "prepare":
       jobs.append(Job(case.name, "ours", ""))
       continue
+    default = sizes[case.model].default_dtype
     for impl in impls:
-      dtypes = ["float32"]
-      if impl == "ours" and sizes[case.model].default_dtype != "float32":
-        dtypes.insert(0, sizes[case.model].default_dtype)
-      jobs.extend(Job(case.name, impl, d) for d in dtypes)
+      if impl == "ours" and default != "float32" and (
+          all_dtypes or case.name == "train_base_128"):
+        jobs.append(Job(case.name, impl, default))
+      jobs.append(Job(case.name, impl, "float32"))
   return jobs
 
 
-def derive(job: Job, raw: dict, quick: bool, peaks: dict) -> dict:
+def derive(job: Job, raw: dict, quick: bool) -> dict:
   """Adds throughput, FLOP/s and MFU to a worker's raw timing."""
   row = {"case": job.case, "impl": job.impl, "dtype": job.dtype, **raw}
   if "error" in raw:
@@ -557,10 +566,7 @@ def derive(job: Job, raw: dict, quick: bool, peaks: dict) -> dict:
   flops = model_flops(size, case.kind, case.batch, case.seq_len, case.predictions)
   row.update(sequences_per_s=case.batch / t, tokens_per_s=case.batch * case.seq_len / t,
              model_flops_per_step=flops, model_flops_per_s=flops / t)
-  peak = peaks.get(("jax", job.dtype))
-  row["mfu"] = row["model_flops_per_s"] / peak if peak else None
-  own = peaks.get(("torch" if job.impl == "hf_torch" else "jax", job.dtype))
-  row["mfu_vs_own_framework_peak"] = row["model_flops_per_s"] / own if own else None
+  row["mfu"] = row["model_flops_per_s"] / raw["matmul_peak"]["flops_per_s"]
   return row
 
 
@@ -623,9 +629,9 @@ def markdown(result: dict) -> str:
   """The results table, the ratios, the machine and the command, as markdown."""
   rows, m = result["rows"], result["machine"]
   lines = ["| case | implementation | dtype | B×L | step ms: median (min–max) | seq/s | "
-           "tokens/s | model FLOP/s | MFU | compile s | peak mem MiB | ours ÷ HF Flax | "
-           "ours ÷ HF PyTorch |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "tokens/s | model FLOP/s | matmul peak FLOP/s | MFU | compile s | peak mem MiB | "
+           "ours ÷ HF Flax | ours ÷ HF PyTorch |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for r in rows:
     if r["case"] == "prepare":
       continue
@@ -635,13 +641,14 @@ def markdown(result: dict) -> str:
     bxl = f"{r.get('batch', '')}×{r.get('seq_len', '')}"
     if "error" in r:
       lines.append(f"| {r['case']} | {name} | {r['dtype']} | {bxl} | error: {r['error']} "
-                   "| | | | | | | | |")
+                   "| | | | | | | | | |")
       continue
     lines.append(
         f"| {r['case']} | {name} | {r['dtype']} | {bxl} | "
         f"{r['median_s'] * 1e3:.1f} ({r['min_s'] * 1e3:.1f}–{r['max_s'] * 1e3:.1f}) | "
         f"{r['sequences_per_s']:.1f} | {r['tokens_per_s']:.0f} | "
-        f"{_si(r['model_flops_per_s'])} | {_fmt(r['mfu'] and 100 * r['mfu'], '.0f')}% | "
+        f"{_si(r['model_flops_per_s'])} | {_si(r['matmul_peak']['flops_per_s'])} "
+        f"({r['matmul_peak']['framework']}) | {100 * r['mfu']:.0f}% | "
         f"{r['compile_s']:.1f} | {r['peak_mem_bytes'] / 2**20:.0f} | "
         f"{_fmt(r.get('ratio_vs_hf_flax'), '.2f')} | {_fmt(r.get('ratio_vs_hf_torch'), '.2f')} |")
   for r in rows:
@@ -655,15 +662,14 @@ def markdown(result: dict) -> str:
             + (f", {r['example_tokens_per_s']:.0f} example tokens/s"
                if "example_tokens_per_s" in r else "")
             + f", peak mem {r['peak_mem_bytes'] / 2**20:.0f} MiB.")
-  peaks = ", ".join(f"{p['framework']} {p['dtype']} {_si(p['flops_per_s'])}FLOP/s"
-                    for p in result["peaks"] if "flops_per_s" in p)
   v = m["versions"]
   mem_kinds = sorted({r.get("mem_kind") for r in rows if r.get("mem_kind")})
   lines += [
       "",
       f"Machine: {m['cpu']}, {m['cores']} cores, GPU: {m['gpu'] or 'none'}. "
-      f"Matmul peak ({result['peak_n']}², median of 10): {peaks}; MFU is against the "
-      "jax peak of the row's dtype.",
+      "Matmul peak: a jitted `jnp.dot` (jax rows) or `torch.mm` (PyTorch rows) of two "
+      f"{result['peak_n']}² matrices in the row's dtype, median of 10, timed in the row's "
+      "worker just before it; MFU = model FLOP/s ÷ that peak.",
       "Versions: " + ", ".join(f"{k} {v[k]}" for k in v if v[k]) + ". "
       f"Date: {result['date']}. Memory: {', '.join(mem_kinds)}. "
       f"Median of {result['steps']} timed steps after {result['warmup']} warm-up steps"
@@ -701,17 +707,14 @@ def _write_atomic(path: str, text: str) -> None:
 def run_benchmark(cases: Sequence[Case], impls: Sequence[str], quick: bool, warmup: int,
                   steps: int, in_process: bool = False, timeout: float = 1800,
                   command: str = "", log: Callable[[str], None] = print,
-                  peak_n: int = 0) -> dict:
+                  peak_n: int = 0, all_dtypes: bool = False) -> dict:
   """Runs every job (each in a worker process unless `in_process`) and derives metrics."""
   available = peers_available()
   skipped = {i: available[i] for i in impls if available.get(i)}
   impls = [i for i in impls if not available.get(i)]
   for impl, why in skipped.items():
     log(f"skipping {IMPL_NAMES[impl]}: {why}")
-  jobs = plan(cases, impls)
-  dtypes = sorted({j.dtype for j in jobs if j.dtype})
-  peak_jobs = [Job("peak", fw, d) for d in dtypes
-               for fw in ("jax",) + (("torch",) if "hf_torch" in impls else ())]
+  jobs = plan(cases, impls, all_dtypes)
 
   def run(job):
     if in_process:
@@ -721,24 +724,19 @@ def run_benchmark(cases: Sequence[Case], impls: Sequence[str], quick: bool, warm
         return {"error": str(e)}
     return _run_in_worker(job, quick, warmup, steps, timeout, peak_n)
 
-  peaks_out, peaks = [], {}
-  for job in peak_jobs:
-    p = {"framework": job.impl, "dtype": job.dtype, **run(job)}
-    peaks_out.append(p)
-    if "flops_per_s" in p:
-      peaks[(job.impl, job.dtype)] = p["flops_per_s"]
-      log(f"matmul peak {job.impl} {job.dtype}: {_si(p['flops_per_s'])}FLOP/s")
   rows = []
   for job in jobs:
     t = time.perf_counter()
-    row = derive(job, run(job), quick, peaks)
+    row = derive(job, run(job), quick)
     rows.append(row)
     what = row.get("error") or (f"{row['median_s'] * 1e3:.1f} ms/step" + (
-        f", {row['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in row else ""))
+        f", {row['tokens_per_s']:.0f} tokens/s, MFU {100 * row['mfu']:.0f}%"
+        if "mfu" in row else ""))
     log(f"{job.case:18s} {IMPL_NAMES[job.impl]:11s} {job.dtype or '-':9s} {what} "
         f"[{time.perf_counter() - t:.0f} s]")
   add_ratios(rows)
-  return {"rows": rows, "peaks": peaks_out, "peak_n": peaks_out[0].get("n") if peaks_out else None,
+  peak_n = next((r["matmul_peak"]["n"] for r in rows if "matmul_peak" in r), None)
+  return {"rows": rows, "peak_n": peak_n,
           "machine": machine_info(), "quick": quick, "steps": steps, "warmup": warmup,
           "skipped": skipped, "command": command,
           "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")}
@@ -762,6 +760,9 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
   p.add_argument("--in-process", action="store_true",
                  help="run every measurement in this process (tests; memory is then cumulative)")
   p.add_argument("--timeout", type=float, default=1800, help="seconds per worker")
+  p.add_argument("--all-dtypes", action="store_true",
+                 help="ours also in its config dtype (bfloat16 for BERT-Base) on every case, "
+                      "not only train_base_128")
   p.add_argument("--peak-n", type=int, default=0,
                  help="size of the square matmul timed for the peak (default 2048 on CPU, "
                       "8192 on GPU)")
@@ -802,7 +803,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         a for a in (argv if argv is not None else sys.argv[1:]))
     result = run_benchmark([by_name[n] for n in names], impls, args.quick, warmup, steps,
                            args.in_process, args.timeout, command.strip(),
-                           peak_n=args.peak_n)
+                           peak_n=args.peak_n, all_dtypes=args.all_dtypes)
     table = markdown(result)
     print("\n" + table)
     _write_atomic(args.out, json.dumps(result, indent=1, default=str) + "\n")
