@@ -223,7 +223,8 @@ def _time_steps(step: Callable[[int], Any], warmup: int, steps: int) -> dict:
 # Implementations. Each returns {median_s, min_s, max_s, compile_s, peak_mem_bytes, ...}.
 
 
-def _ours_config(size: ModelSize, case: Case, dtype: str):
+def ours_config(size: ModelSize, case: Case, dtype: str):
+  """Our config for one case: the default config at this size, batch and length."""
   from configs import default
   c = default.get_config()
   m = c.model
@@ -243,7 +244,7 @@ def _run_ours(case: Case, size: ModelSize, dtype: str, warmup: int, steps: int) 
   from bert_jax.model import BertModel
   from bert_jax.trainer import Trainer, model_config
 
-  config = _ours_config(size, case, dtype)
+  config = ours_config(size, case, dtype)
   mem = _Memory("jax")
   mesh = sharding.make_mesh(1, devices=jax.devices()[:1])
   batch = make_batch(case, size.vocab_size)

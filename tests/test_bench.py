@@ -78,3 +78,21 @@ def test_an_unknown_case_is_a_one_line_error(capsys):
   assert bench.main(["--cases", "train_huge_128"]) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("error: --cases") and "train_huge_128" in err and "\n" not in err
+
+
+def test_profile_script_attributes_op_time_to_model_parts():
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "XLA_FLAGS": ""}  # one device, as the benchmark
+  out = subprocess.run(
+      [sys.executable, os.path.join(root, "scripts", "profile_step.py"), "--case",
+       "train_tiny_128", "--batch", "4", "--steps", "1", "--top", "3"],
+      capture_output=True, text=True, env=env, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  parts = out.stdout.split("by model part:")[1].split("by op kind:")[0]
+  shares = {line.split("%")[1].strip(): float(line.split("ms")[1].split("%")[0])
+            for line in parts.strip().splitlines()}
+  assert abs(sum(shares.values()) - 100.0) < 0.5
+  for part in ("MLM head + loss", "attention", "feed-forward", "optimizer"):
+    assert shares.get(part, 0.0) > 0.0, shares

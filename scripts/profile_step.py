@@ -1,0 +1,191 @@
+"""Where a train step's time goes: an XLA trace of our step, grouped by model part.
+
+  python scripts/profile_step.py                          # train_small_128, float32
+  python scripts/profile_step.py --case train_base_128 --top 40
+  python scripts/profile_step.py --case features_base_128 --dtype bfloat16
+
+Builds the same step as `python -m bert_jax.bench` (the real
+`Trainer.train_step_fn`, or the encoder forward for `features_*`), traces a few
+steps with `jax.profiler` and the XLA CPU per-op trace events, and prints:
+the wall time per step, each op's time per step with its HLO shape and the JAX
+source it came from, and totals per part of the model (MLM head, attention,
+feed-forward, optimizer, ...) and per kind of op (matmul, copy/transpose,
+elementwise). On 2 cores XLA runs independent ops side by side, so op times add
+up to more than the wall time; compare shares, not sums with wall time.
+A measuring tool for performance work: not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Model part of an op, from the JAX source path XLA keeps in its metadata.
+# First match wins; order matters (the MLM head's dense layer is not the FFN's).
+PARTS = (
+    ("optimizer", ("cond/", "clip", "adam", "/sqrt", "apply_updates")),
+    ("MLM head + loss", ("attend", "mlm_", "log_softmax", "take_along_axis",
+                         "/reduce_max", "argmax", "jvp()/")),
+    ("dropout RNG + mask", ("Dropout", "threefry", "random_bits", "random_wrap")),
+    ("masking", ("mask_tokens", "masking")),
+    ("attention", ("attention",)),
+    ("feed-forward", ("intermediate", "/output/", "erf")),
+    ("LayerNorm", ("LayerNorm", "norm")),
+    ("embeddings", ("embeddings",)),
+    ("residuals, GELU grads (layers)", ("/layer_",)),
+)
+
+
+def _kind(name: str) -> str:
+  if name.startswith(("ynn_fusion", "xnn_fusion", "onednn", "dot", "custom-call")):
+    return "matmul (library or dot)"
+  if "copy" in name or "transpose" in name:
+    return "copy / transpose"
+  if "scatter" in name or "gather" in name:
+    return "scatter / gather"
+  return "elementwise / reduce"
+
+
+def _part(op_name: str) -> str:
+  # Ops of the loss's backward, or at the top of the pre-training model
+  # outside the encoder (the MLM bias), belong to the MLM head.
+  if "transpose(jvp())" in op_name or (
+      "BertForPreTraining" in op_name and "/bert/" not in op_name and "nsp" not in op_name):
+    return "MLM head + loss"
+  for part, keys in PARTS:
+    if any(k in op_name for k in keys):
+      return part
+  return "other"
+
+
+def _hlo_info(hlo_text: str) -> dict[str, tuple[str, str]]:
+  info = {}
+  for line in hlo_text.split("\n"):
+    m = re.match(r"\s*(?:ROOT )?%(\S+) = (\S+) ", line)
+    if m:
+      src = re.search(r'op_name="([^"]*)"', line)
+      info[m.group(1)] = (m.group(2), src.group(1) if src else "")
+  return info
+
+
+def build_step(case_name: str, dtype: str, batch_size: int = 0):
+  """(step(i) that blocks until done, compile seconds, optimized HLO text)."""
+  import dataclasses
+
+  import jax
+  import jax.numpy as jnp
+  from bert_jax import bench, sharding
+  from bert_jax.model import BertModel
+  from bert_jax.trainer import Trainer, model_config
+
+  case = {c.name: c for c in bench.CASES}[case_name]
+  if batch_size:
+    case = dataclasses.replace(case, batch=batch_size)
+  size = bench.model_sizes()[case.model]
+  config = bench.ours_config(size, case, dtype)
+  mesh = sharding.make_mesh(1, devices=jax.devices()[:1])
+  batch = bench.make_batch(case, size.vocab_size)
+  if case.kind == "train":
+    trainer = Trainer(config, model_config(config, size.vocab_size), bench.SPECIAL_IDS,
+                      bench.MASK, mesh=mesh)
+    state = list(trainer.init_state())
+    gb = sharding.global_batch({k: batch[k] for k in (
+        "input_ids", "segment_ids", "input_mask", "next_sentence_label")}, mesh)
+    t = time.perf_counter()
+    compiled = trainer.train_step_fn(case.predictions).lower(
+        state[0], state[1], jnp.int32(0), gb).compile()
+    compile_s = time.perf_counter() - t
+
+    def step(i):
+      state[0], state[1], metrics = compiled(state[0], state[1], jnp.int32(i), gb)
+      jax.block_until_ready((state, metrics))
+  else:
+    model = BertModel(model_config(config, size.vocab_size))
+    ids, seg, msk = (jax.device_put(batch[k]) for k in ("input_ids", "segment_ids", "input_mask"))
+    params = jax.jit(lambda k: model.init(k, ids[:1, :8], seg[:1, :8], msk[:1, :8]))(
+        jax.random.key(0))["params"]
+    extract = lambda p, a, b, c: model.apply({"params": p}, a, b, c).sequence_BxLxD
+    t = time.perf_counter()
+    compiled = jax.jit(extract).lower(params, ids, seg, msk).compile()
+    compile_s = time.perf_counter() - t
+    step = lambda i: jax.block_until_ready(compiled(params, ids, seg, msk))
+  return step, compile_s, compiled.as_text()
+
+
+def _cases():
+  sys.path.insert(0, ROOT)
+  from bert_jax import bench  # no JAX backend starts on import
+  return bench.CASES
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--case", default="train_small_128", choices=[
+      c.name for c in _cases() if c.kind != "prepare"], help="a bert_jax.bench case")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  p.add_argument("--batch", type=int, default=0, help="batch size (default: the case's)")
+  p.add_argument("--steps", type=int, default=3, help="traced steps (after 2 untimed ones)")
+  p.add_argument("--top", type=int, default=25, help="how many single ops to list")
+  p.add_argument("--part", default="", help="list only ops of this model part (e.g. 'other')")
+  args = p.parse_args(argv)
+  # Per-op trace events of the XLA CPU runtime; must be set before JAX starts.
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_cpu_enable_xprof_traceme=true").strip()
+  sys.path.insert(0, ROOT)
+  import jax
+
+  step, compile_s, hlo = build_step(args.case, args.dtype, args.batch)
+  info = _hlo_info(hlo)
+  for i in range(2):
+    step(i)
+  walls = []
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d, create_perfetto_trace=True):
+      for i in range(2, 2 + args.steps):
+        t = time.perf_counter()
+        step(i)
+        walls.append(time.perf_counter() - t)
+    trace_file = glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True)[0]
+    with gzip.open(trace_file) as f:
+      events = json.load(f)
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  per_op = collections.Counter()
+  for e in events:
+    if e.get("ph") == "X" and e.get("name") in info:
+      per_op[e["name"]] += e.get("dur", 0) / 1e3 / args.steps  # ms per step
+  if not per_op:
+    print("error: the trace has no XLA op events (not a CPU backend?)", file=sys.stderr)
+    return 1
+  total = sum(per_op.values())
+  print(f"{args.case} ({args.dtype}) on {jax.devices()[0].device_kind}: "
+        f"wall {statistics.median(walls) * 1e3:.1f} ms/step (median of {len(walls)}), "
+        f"compile {compile_s:.1f} s, op time {total:.1f} ms/step over {len(per_op)} ops")
+  for title, key in (("model part", lambda n: _part(info[n][1])), ("op kind", _kind)):
+    groups = collections.Counter()
+    for name, ms in per_op.items():
+      groups[key(name)] += ms
+    print(f"\nby {title}:")
+    for g, ms in groups.most_common():
+      print(f"  {ms:9.1f} ms  {100 * ms / total:5.1f}%  {g}")
+  print(f"\ntop {args.top} ops{' of ' + args.part if args.part else ''} (ms/step, shape, JAX source):")
+  listed = [(n, ms) for n, ms in per_op.most_common()
+            if not args.part or _part(info[n][1]) == args.part]
+  for name, ms in listed[:args.top]:
+    shape, src = info[name]
+    print(f"  {ms:8.1f}  {name:28s} {shape[:32]:32s} {src.replace('jit(step_fn)/', '')[-90:]}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
