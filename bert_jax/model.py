@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from bert_jax.errors import ConfigError
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_DROPOUT_RNGS = ("hash", "threefry")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,7 @@ class BertConfig:
   vocab_pad_multiple: int = 1
   dtype: str = "float32"  # compute dtype; parameters are always float32
   remat: bool = False
+  dropout_rng: str = "hash"  # 'hash' | 'threefry': how dropout draws its random bits
 
   @property
   def padded_vocab_size(self) -> int:
@@ -64,6 +66,9 @@ class BertConfig:
     for name in ("dropout_rate", "attention_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ConfigError(f"config.model.{name}={getattr(self, name)!r}: expected 0 <= rate < 1")
+    if self.dropout_rng not in _DROPOUT_RNGS:
+      raise ConfigError(f"config.model.dropout_rng={self.dropout_rng!r}: expected one of "
+                        f"{sorted(_DROPOUT_RNGS)}")
     if self.dtype not in _DTYPES:
       raise ConfigError(f"config.model.dtype={self.dtype!r}: expected one of {sorted(_DTYPES)}")
     return self
@@ -122,17 +127,52 @@ def gelu(config: BertConfig, x):
   return nn.gelu(x, approximate=config.gelu_approximate)
 
 
+def _mix32(x_u32: jax.Array) -> jax.Array:
+  # lowbias32 (C. Wellons): a bijection on uint32 whose output bits each flip
+  # with probability ~1/2 when any input bit flips.
+  x_u32 = x_u32 ^ (x_u32 >> 16)
+  x_u32 = x_u32 * jnp.uint32(0x7FEB352D)
+  x_u32 = x_u32 ^ (x_u32 >> 15)
+  x_u32 = x_u32 * jnp.uint32(0x846CA68B)
+  return x_u32 ^ (x_u32 >> 16)
+
+
+def hash_bits(key: jax.Array, shape: tuple) -> jax.Array:
+  """uint32 words from a counter hash: two lowbias32 rounds keyed by threefry.
+
+  Threefry (20 rounds over two words) costs ~15x the integer work per word,
+  and on CPU dropout's random bits were 8-20% of a small model's train step.
+  A dropout mask needs independent fair bits, not cryptographic strength.
+  Each call draws two 32-bit seeds from `key` with threefry, so masks stay a
+  pure function of (key, shape), differ between layers and steps, and do not
+  depend on how the array is sharded (the counter is the global element index).
+  """
+  size = 1
+  for d in shape:
+    size *= d
+  if size >= 2**32:
+    raise ValueError(f"hash_bits: {size} elements do not fit a 32-bit counter")
+  seed_2 = jax.random.bits(key, (2,), jnp.uint32)
+  index = jax.lax.broadcasted_iota(jnp.uint32, shape, len(shape) - 1) if shape else jnp.uint32(0)
+  stride = 1
+  for axis in range(len(shape) - 2, -1, -1):  # row-major flat index, built per axis
+    stride *= shape[axis + 1]
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride)
+  return _mix32(_mix32(index ^ seed_2[0]) ^ seed_2[1])
+
+
 class Dropout(nn.Module):
   """Inverted dropout drawing 16 random bits per element instead of 32.
 
-  Partitionable threefry hashes one 32-bit word per element whatever the
-  dtype asked for, so `nn.Dropout` pays a full hash for every activation.
-  Here each word is split into two 16-bit draws: half the hashes, which cut
-  the dropout share of a CPU train step by about two thirds (bench/README).
-  The keep probability is round((1 - rate) * 2**16) / 2**16, within 1e-5 of
-  1 - rate, and kept values are scaled by its exact inverse.
+  Each random 32-bit word is split into two 16-bit draws, so half as many
+  words are made. The words come from `hash_bits` (config.model.dropout_rng =
+  'hash', the default) or from JAX's threefry ('threefry'); the bench/README
+  has the A/B of both. The keep probability is round((1 - rate) * 2**16) /
+  2**16, within 1e-5 of 1 - rate, and kept values are scaled by its exact
+  inverse.
   """
   rate: float
+  rng: str = "hash"
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
@@ -142,13 +182,15 @@ class Dropout(nn.Module):
     if keep_n >= 2**16:
       return x
     rng = self.make_rng("dropout")
+    bits = hash_bits if self.rng == "hash" else (
+        lambda k, s: jax.random.bits(k, s, jnp.uint32))
     shape = x.shape
     if shape and shape[-1] % 2 == 0:
-      words = jax.random.bits(rng, shape[:-1] + (shape[-1] // 2,), jnp.uint32)
+      words = bits(rng, shape[:-1] + (shape[-1] // 2,))
       draw = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(shape)
       keep = draw < jnp.uint16(keep_n)
     else:  # an odd last axis: one word per element, same keep probability
-      keep = (jax.random.bits(rng, shape, jnp.uint32) >> 16) < jnp.uint32(keep_n)
+      keep = (bits(rng, shape) >> 16) < jnp.uint32(keep_n)
     scale = jnp.asarray(2**16 / keep_n, x.dtype)
     return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
 
@@ -168,7 +210,7 @@ class Embeddings(nn.Module):
         c.type_vocab_size, c.hidden_size, dtype=c.compute_dtype,
         embedding_init=_init(c, (None, "embed")))
     self.LayerNorm = LayerNorm(c)
-    self.dropout = Dropout(c.dropout_rate)
+    self.dropout = Dropout(c.dropout_rate, c.dropout_rng)
 
   def __call__(self, ids_BxL, segments_BxL, deterministic: bool):
     positions_L = jnp.arange(ids_BxL.shape[1])
@@ -201,7 +243,7 @@ class SelfAttention(nn.Module):
     s_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK,
                            preferred_element_type=jnp.float32)
     p_BxHxLxL = jax.nn.softmax(s_BxHxLxL + bias_Bx1x1xL, axis=-1)
-    p_BxHxLxL = Dropout(c.attention_dropout_rate)(
+    p_BxHxLxL = Dropout(c.attention_dropout_rate, c.dropout_rng)(
         p_BxHxLxL, deterministic=deterministic).astype(c.compute_dtype)
     o_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK)
     return nn.DenseGeneral(
@@ -217,7 +259,7 @@ class TransformerLayer(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, bias_Bx1x1xL, deterministic: bool):
     c = self.config
-    drop = Dropout(c.dropout_rate)
+    drop = Dropout(c.dropout_rate, c.dropout_rng)
     a_BxLxD = SelfAttention(c, name="attention")(x_BxLxD, bias_Bx1x1xL, deterministic)
     x_BxLxD = LayerNorm(c, name="attention_LayerNorm")(
         x_BxLxD + drop(a_BxLxD, deterministic=deterministic))

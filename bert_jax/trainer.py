@@ -74,7 +74,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> BertConf
       dropout_rate=m.dropout_rate, attention_dropout_rate=m.attention_dropout_rate,
       layer_norm_eps=m.layer_norm_eps, initializer_range=m.initializer_range,
       gelu_approximate=m.gelu_approximate, vocab_pad_multiple=m.vocab_pad_multiple,
-      dtype=m.dtype, remat=m.remat).validate()
+      dtype=m.dtype, remat=m.remat, dropout_rng=m.dropout_rng).validate()
 
 
 def validate_config(config: ml_collections.ConfigDict) -> list[Phase]:
@@ -429,7 +429,7 @@ def _broadcast_from_process_0(text: str) -> str:
 def _check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str) -> None:
   saved = meta.get("model_config", {})
   for k, v in bert_config.to_dict().items():
-    if k in ("dropout_rate", "attention_dropout_rate", "dtype", "remat"):
+    if k in ("dropout_rate", "attention_dropout_rate", "dtype", "remat", "dropout_rng"):
       continue  # may change between runs without changing the parameters
     if k in saved and saved[k] != v:
       raise CheckpointError(

@@ -50,6 +50,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.vocab_pad_multiple = 128  # pad the embedding table for fast matmuls
   c.model.dtype = "bfloat16"  # compute dtype; params, softmax and loss stay float32
   c.model.remat = False
+  # Dropout's random bits: 'hash' (a keyed counter hash, cheap) or 'threefry'
+  # (JAX's default generator). Same keep probability either way.
+  c.model.dropout_rng = "hash"
 
   # --- optimization ---
   c.train = ml_collections.ConfigDict()

@@ -79,8 +79,11 @@ def _hlo_info(hlo_text: str) -> dict[str, tuple[str, str]]:
   return info
 
 
-def build_step(case_name: str, dtype: str, batch_size: int = 0):
-  """(step(i) that blocks until done, compile seconds, optimized HLO text)."""
+def build_step(case_name: str, dtype: str, batch_size: int = 0, overrides: dict = None):
+  """(step(i) that blocks until done, compile seconds, optimized HLO text).
+
+  `overrides` sets config fields by dotted name, e.g. {"model.dropout_rng": "threefry"}.
+  """
   import dataclasses
 
   import jax
@@ -94,6 +97,14 @@ def build_step(case_name: str, dtype: str, batch_size: int = 0):
     case = dataclasses.replace(case, batch=batch_size)
   size = bench.model_sizes()[case.model]
   config = bench.ours_config(size, case, dtype)
+  for name, value in (overrides or {}).items():
+    *path, field = name.split(".")
+    node = config
+    for p in path:
+      node = node[p]
+    if field not in node:
+      raise KeyError(f"config has no field {name!r}")
+    node[field] = value
   mesh = sharding.make_mesh(1, devices=jax.devices()[:1])
   batch = bench.make_batch(case, size.vocab_size)
   if case.kind == "train":

@@ -107,15 +107,49 @@ def test_dropout_is_active_only_when_not_deterministic():
     ({"num_layers": 0}, "num_layers"),
     ({"dropout_rate": 1.5}, "dropout_rate"),
     ({"dtype": "float64"}, "dtype"),
+    ({"dropout_rng": "philox"}, "dropout_rng"),
 ])
 def test_impossible_model_config_names_the_field(change, field):
   with pytest.raises(ConfigError, match=field):
     BertConfig(**{**SMALL.to_dict(), **change}).validate()
 
 
-def test_dropout_keeps_one_minus_rate_and_preserves_the_mean():
+@pytest.mark.parametrize("rng", ["hash", "threefry"])
+def test_dropout_keeps_one_minus_rate_and_preserves_the_mean(rng):
   from bert_jax.model import Dropout
   x = jnp.ones((64, 16, 256), jnp.float32)  # ~262k draws: std of the kept fraction ~6e-4
-  y = Dropout(0.1).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(3)})
+  y = Dropout(0.1, rng).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(3)})
   assert abs(float((y > 0).mean()) - 0.9) < 3e-3
   assert abs(float(y.mean()) - 1.0) < 4e-3
+
+
+def _hash_words(key, shape=(256, 1024)):
+  from bert_jax.model import hash_bits
+  return np.asarray(jax.jit(hash_bits, static_argnums=1)(key, shape))
+
+
+def test_hash_bits_are_fair_in_every_bit_position():
+  words = _hash_words(jax.random.key(0)).ravel()  # 262k words: std per bit ~1e-3
+  ones = ((words[:, None] >> np.arange(32, dtype=np.uint32)) & 1).mean(0)
+  assert np.all(np.abs(ones - 0.5) < 0.006), ones
+
+
+def test_hash_bits_neighbours_and_other_keys_are_uncorrelated():
+  a = _hash_words(jax.random.key(0)).astype(np.float64)
+  b = _hash_words(jax.random.key(1)).astype(np.float64)
+  c = _hash_words(jax.random.fold_in(jax.random.key(0), 1)).astype(np.float64)
+  corr = lambda u, v: abs(np.corrcoef(u.ravel(), v.ravel())[0, 1])
+  assert corr(a[:, :-1], a[:, 1:]) < 0.01  # next element along a row
+  assert corr(a[:-1], a[1:]) < 0.01  # next row
+  assert corr(a, b) < 0.01 and corr(a, c) < 0.01
+  np.testing.assert_array_equal(a, _hash_words(jax.random.key(0)))  # a function of the key
+
+
+def test_hash_bits_do_not_depend_on_sharding():
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from bert_jax.model import hash_bits
+  mesh = jax.make_mesh((8,), ("data",))
+  sharded = jax.jit(hash_bits, static_argnums=1,
+                    out_shardings=NamedSharding(mesh, P("data", None)))(jax.random.key(5), (64, 96))
+  assert len(sharded.sharding.device_set) == 8
+  np.testing.assert_array_equal(np.asarray(sharded), _hash_words(jax.random.key(5), (64, 96)))

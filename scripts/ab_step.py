@@ -1,0 +1,97 @@
+"""A/B timing of our step under config variants, each in a fresh process, interleaved.
+
+  python scripts/ab_step.py --case train_small_128 model.dropout_rng=threefry model.dropout_rng=hash
+  python scripts/ab_step.py --case train_base_128 --rounds 3 "" model.gelu_approximate=True
+
+Each positional argument is one variant: comma-separated `dotted.name=value`
+config overrides ("" = the default config). Every round runs every variant once,
+in order, each in its own process (compile, 1 untimed step, `--steps` timed
+steps), so slow drifts of the machine hit all variants alike. Prints the compile
+time and the median and min step time of each variant in each round. This is
+how the lever A/B numbers in the README were taken; code (not config) variants
+were measured the same way on a patched tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_TAG = "AB_RESULT "
+
+
+def parse_variant(text: str) -> dict:
+  out = {}
+  for item in filter(None, text.split(",")):
+    name, sep, value = item.partition("=")
+    if not sep:
+      raise SystemExit(f"error: variant item {item!r}: expected dotted.name=value")
+    try:
+      out[name.strip()] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      out[name.strip()] = value  # a bare string such as threefry
+  return out
+
+
+def _one(args) -> int:
+  sys.path[:0] = [HERE, os.path.dirname(HERE)]
+  from profile_step import build_step
+  step, compile_s, _ = build_step(args.case, args.dtype, args.batch, parse_variant(args.one))
+  step(0)
+  times = []
+  for i in range(1, args.steps + 1):
+    t = time.perf_counter()
+    step(i)
+    times.append(time.perf_counter() - t)
+  print(_TAG + json.dumps({"compile_s": compile_s, "median_ms": 1e3 * statistics.median(times),
+                           "min_ms": 1e3 * min(times)}), flush=True)
+  return 0
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("variants", nargs="+", help='config overrides per variant, e.g. "model.remat=True"')
+  p.add_argument("--case", default="train_small_128", help="a bert_jax.bench train/features case")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  p.add_argument("--batch", type=int, default=0, help="batch size (default: the case's)")
+  p.add_argument("--steps", type=int, default=8, help="timed steps per process")
+  p.add_argument("--rounds", type=int, default=2)
+  p.add_argument("--one", help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.one is not None:
+    return _one(args)
+  for v in args.variants:
+    parse_variant(v)  # fail before any run
+  env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "").replace(
+      "--xla_force_host_platform_device_count=8", "").strip()}
+  print(f"{args.case} ({args.dtype}), {args.steps} timed steps per run, {args.rounds} rounds")
+  results = {v: [] for v in args.variants}
+  for r in range(args.rounds):
+    for v in args.variants:
+      cmd = [sys.executable, os.path.abspath(__file__), "--one", v, "--case", args.case,
+             "--dtype", args.dtype, "--batch", str(args.batch), "--steps", str(args.steps), v]
+      proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+      line = [l for l in proc.stdout.splitlines() if l.startswith(_TAG)]
+      if proc.returncode or not line:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"error: variant {v!r} failed: {tail}", file=sys.stderr)
+        return 1
+      res = json.loads(line[0][len(_TAG):])
+      results[v].append(res)
+      print(f"  round {r + 1}  {v or '(default)':40s} compile {res['compile_s']:5.1f} s  "
+            f"median {res['median_ms']:8.1f} ms  min {res['min_ms']:8.1f} ms", flush=True)
+  print("summary (median of the round medians):")
+  for v, rs in results.items():
+    print(f"  {v or '(default)':40s} {statistics.median(r['median_ms'] for r in rs):8.1f} ms")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
