@@ -1,15 +1,18 @@
-"""Benchmark plumbing with tiny sizes: FLOP formula, one run end to end, errors."""
+"""Benchmark tools (tools/) with tiny sizes: FLOP formula, one run end to end, errors,
+the data-preparation benchmark and the profiler."""
 
 import json
 import os
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
 
-from bert_jax import bench
 from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from tools import bench, bench_prepare
 
 README = "# x\n\n## Performance\n\nintro\n\n<!-- bench:start -->\nold table\n<!-- bench:end -->\n\nafter\n"
 
@@ -80,13 +83,23 @@ def test_an_unknown_case_is_a_one_line_error(capsys):
   assert err.startswith("error: --cases") and "train_huge_128" in err and "\n" not in err
 
 
+def test_prepare_benchmark_times_a_small_synthetic_corpus(tmp_path):
+  r = bench_prepare.benchmark_prepare(megabytes=1.0, seq_len=64, vocab_size=1000,
+                                      workdir=str(tmp_path))
+  assert 0.9 < r["corpus_mb"] < 1.1 and r["documents"] > 0 and r["examples"] > 0
+  assert r["tokens"] > 0 and r["example_tokens"] > 0 and r["seconds"] > 0
+  # The keys tools.bench reads for its 'prepare' row.
+  assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"])
+  assert r["median_s"] == r["seconds"] and r["peak_mem_bytes"] > 0
+  assert r["what"].startswith("dataset.prepare(1 MiB of text, seq 64")
+  assert list(tmp_path.iterdir()) == []  # the corpus, vocabulary and cache are gone
+
+
 def test_profile_script_attributes_op_time_to_model_parts():
-  import subprocess
-  import sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = {**os.environ, "XLA_FLAGS": ""}  # one device, as the benchmark
   out = subprocess.run(
-      [sys.executable, os.path.join(root, "scripts", "profile_step.py"), "--case",
+      [sys.executable, os.path.join(root, "tools", "profile_step.py"), "--case",
        "train_tiny_128", "--batch", "4", "--steps", "1", "--top", "3"],
       capture_output=True, text=True, env=env, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]

@@ -1,12 +1,12 @@
 """A/B timing of our step under config variants, each in a fresh process, interleaved.
 
-  python scripts/ab_step.py --case train_small_128 model.dropout_rng=threefry model.dropout_rng=hash
-  python scripts/ab_step.py --case train_base_128 --rounds 3 "" model.gelu_approximate=True
+  python tools/ab_step.py --case train_small_128 model.dropout_rng=threefry model.dropout_rng=hash
+  python tools/ab_step.py --case train_base_128 --rounds 3 "" model.gelu_approximate=True
 
 Each positional argument is one variant: comma-separated `dotted.name=value`
 config overrides ("" = the default config). Every round runs every variant once,
-in order, each in its own process (compile, 1 untimed step, `--steps` timed
-steps), so slow drifts of the machine hit all variants alike. Prints the compile
+in order, each in its own process (`tools.step_builder`: compile, 1 untimed
+step, `--steps` timed steps), so slow drifts of the machine hit all variants alike. Prints the compile
 time and the median and min step time of each variant in each round. This is
 how the lever A/B numbers in the README were taken; code (not config) variants
 were measured the same way on a patched tree.
@@ -23,7 +23,12 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as `python tools/ab_step.py`: bert_jax, configs, tools
+  sys.path.insert(0, ROOT)
+
+from tools import step_builder  # noqa: E402
+
 _TAG = "AB_RESULT "
 
 
@@ -41,9 +46,8 @@ def parse_variant(text: str) -> dict:
 
 
 def _one(args) -> int:
-  sys.path[:0] = [HERE, os.path.dirname(HERE)]
-  from profile_step import build_step
-  step, compile_s, _ = build_step(args.case, args.dtype, args.batch, parse_variant(args.one))
+  built = step_builder.build_case(args.case, args.dtype, args.batch, parse_variant(args.one))
+  step, compile_s = built.run, built.compile_s
   step(0)
   times = []
   for i in range(1, args.steps + 1):
@@ -58,7 +62,7 @@ def _one(args) -> int:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("variants", nargs="+", help='config overrides per variant, e.g. "model.remat=True"')
-  p.add_argument("--case", default="train_small_128", help="a bert_jax.bench train/features case")
+  p.add_argument("--case", default="train_small_128", help="a tools.bench train/features case")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   p.add_argument("--batch", type=int, default=0, help="batch size (default: the case's)")
   p.add_argument("--steps", type=int, default=8, help="timed steps per process")
@@ -77,7 +81,7 @@ def main(argv=None) -> int:
     for v in args.variants:
       cmd = [sys.executable, os.path.abspath(__file__), "--one", v, "--case", args.case,
              "--dtype", args.dtype, "--batch", str(args.batch), "--steps", str(args.steps), v]
-      proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+      proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
       line = [l for l in proc.stdout.splitlines() if l.startswith(_TAG)]
       if proc.returncode or not line:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]

@@ -1,11 +1,11 @@
 """Where a train step's time goes: an XLA trace of our step, grouped by model part.
 
-  python scripts/profile_step.py                          # train_small_128, float32
-  python scripts/profile_step.py --case train_base_128 --top 40
-  python scripts/profile_step.py --case features_base_128 --dtype bfloat16
+  python tools/profile_step.py                          # train_small_128, float32
+  python tools/profile_step.py --case train_base_128 --top 40
+  python tools/profile_step.py --case features_base_128 --dtype bfloat16
 
-Builds the same step as `python -m bert_jax.bench` (the real
-`Trainer.train_step_fn`, or the encoder forward for `features_*`), traces a few
+Builds the same step as `python -m tools.bench` (`tools.step_builder`: the real
+`TrainSteps.train_step_fn`, or the encoder forward for `features_*`), traces a few
 steps with `jax.profiler` and the XLA CPU per-op trace events, and prints:
 the wall time per step, each op's time per step with its HLO shape and the JAX
 source it came from, and totals per part of the model (MLM head, attention,
@@ -30,6 +30,12 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as `python tools/profile_step.py`: bert_jax, configs, tools
+  sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402  (XLA_FLAGS is read when the backend starts, in main)
+
+from tools import cases, step_builder  # noqa: E402
 
 # Model part of an op, from the JAX source path XLA keeps in its metadata.
 # First match wins; order matters (the MLM head's dense layer is not the FFN's).
@@ -79,71 +85,10 @@ def _hlo_info(hlo_text: str) -> dict[str, tuple[str, str]]:
   return info
 
 
-def build_step(case_name: str, dtype: str, batch_size: int = 0, overrides: dict = None):
-  """(step(i) that blocks until done, compile seconds, optimized HLO text).
-
-  `overrides` sets config fields by dotted name, e.g. {"model.dropout_rng": "threefry"}.
-  """
-  import dataclasses
-
-  import jax
-  import jax.numpy as jnp
-  from bert_jax import bench, sharding
-  from bert_jax.model import BertModel
-  from bert_jax.trainer import Trainer, model_config
-
-  case = {c.name: c for c in bench.CASES}[case_name]
-  if batch_size:
-    case = dataclasses.replace(case, batch=batch_size)
-  size = bench.model_sizes()[case.model]
-  config = bench.ours_config(size, case, dtype)
-  for name, value in (overrides or {}).items():
-    *path, field = name.split(".")
-    node = config
-    for p in path:
-      node = node[p]
-    if field not in node:
-      raise KeyError(f"config has no field {name!r}")
-    node[field] = value
-  mesh = sharding.make_mesh(1, devices=jax.devices()[:1])
-  batch = bench.make_batch(case, size.vocab_size)
-  if case.kind == "train":
-    trainer = Trainer(config, model_config(config, size.vocab_size), bench.SPECIAL_IDS,
-                      bench.MASK, mesh=mesh)
-    state = list(trainer.init_state())
-    gb = sharding.global_batch({k: batch[k] for k in (
-        "input_ids", "segment_ids", "input_mask", "next_sentence_label")}, mesh)
-    t = time.perf_counter()
-    compiled = trainer.train_step_fn(case.predictions).lower(
-        state[0], state[1], jnp.int32(0), gb).compile()
-    compile_s = time.perf_counter() - t
-
-    def step(i):
-      state[0], state[1], metrics = compiled(state[0], state[1], jnp.int32(i), gb)
-      jax.block_until_ready((state, metrics))
-  else:
-    model = BertModel(model_config(config, size.vocab_size))
-    ids, seg, msk = (jax.device_put(batch[k]) for k in ("input_ids", "segment_ids", "input_mask"))
-    params = jax.jit(lambda k: model.init(k, ids[:1, :8], seg[:1, :8], msk[:1, :8]))(
-        jax.random.key(0))["params"]
-    extract = lambda p, a, b, c: model.apply({"params": p}, a, b, c).sequence_BxLxD
-    t = time.perf_counter()
-    compiled = jax.jit(extract).lower(params, ids, seg, msk).compile()
-    compile_s = time.perf_counter() - t
-    step = lambda i: jax.block_until_ready(compiled(params, ids, seg, msk))
-  return step, compile_s, compiled.as_text()
-
-
-def _cases():
-  sys.path.insert(0, ROOT)
-  from bert_jax import bench  # no JAX backend starts on import
-  return bench.CASES
-
-
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--case", default="train_small_128", choices=[
-      c.name for c in _cases() if c.kind != "prepare"], help="a bert_jax.bench case")
+      c.name for c in cases.CASES if c.kind != "prepare"], help="a tools.bench case")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   p.add_argument("--batch", type=int, default=0, help="batch size (default: the case's)")
   p.add_argument("--steps", type=int, default=3, help="traced steps (after 2 untimed ones)")
@@ -153,11 +98,9 @@ def main(argv=None) -> int:
   # Per-op trace events of the XLA CPU runtime; must be set before JAX starts.
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_cpu_enable_xprof_traceme=true").strip()
-  sys.path.insert(0, ROOT)
-  import jax
-
-  step, compile_s, hlo = build_step(args.case, args.dtype, args.batch)
-  info = _hlo_info(hlo)
+  built = step_builder.build_case(args.case, args.dtype, args.batch)
+  step, compile_s = built.run, built.compile_s
+  info = _hlo_info(built.compiled.as_text())
   for i in range(2):
     step(i)
   walls = []

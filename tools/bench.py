@@ -1,0 +1,453 @@
+"""Benchmark: train step, feature extraction and data preparation, ours vs HF.
+
+  python -m tools.bench                 # every case, ours + HF Flax + HF PyTorch
+  python -m tools.bench --quick         # 2-layer models, small batches: plumbing only
+  python -m tools.bench --cases train_base_128,features_base_128 --readme
+
+Every (case, implementation) runs in its own worker process, one after the
+other, on the same machine, with the same batch (generated from a fixed seed),
+so compile caches, thread pools and peak memory do not leak between them.
+Results go to tools/results/results.json and tools/results/results.md;
+`--readme` also replaces the block between the bench markers in README.md.
+
+Per case and implementation it reports the median step time of `--steps` timed
+steps after `--warmup` untimed ones (with min and max), sequences/s, tokens/s,
+analytic model FLOP/s (formula in `model_flops`) and its ratio to a matmul
+peak measured for the same dtype and framework in the same worker just before
+the case (MFU), compile time, and peak memory.
+
+Run from the repository root. What is measured (sizes, cases, the FLOP
+formula, the batch) is in `tools.cases`; our step comes from
+`tools.step_builder`, the peers' from `tools.peers`; timing and memory helpers
+are in `tools.measure`; data preparation is `tools.bench_prepare`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Optional, Sequence
+
+import jax
+
+from bert_jax.errors import BertJaxError, ConfigError
+from tools import bench_prepare, measure, peers, step_builder
+from tools.cases import CASES, Case, ModelSize, model_flops, model_sizes
+
+README_START, README_END = "<!-- bench:start -->", "<!-- bench:end -->"
+_RESULT_TAG = "BENCH_RESULT "  # a worker's one JSON line on stdout starts with this
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+IMPLS = ("ours", "hf_flax", "hf_torch")
+IMPL_NAMES = {"ours": "bert-jax", "hf_flax": "HF Flax", "hf_torch": "HF PyTorch"}
+
+
+def _quick(case: Case) -> Case:
+  return dataclasses.replace(case, batch=min(case.batch, 4)) if case.batch else case
+
+
+def _size(case: Case, quick: bool) -> ModelSize:
+  size = model_sizes()[case.model]
+  return dataclasses.replace(size, num_layers=min(size.num_layers, 2)) if quick else size
+
+
+# ----------------------------------------------------------------------------
+# Our implementation and data preparation (the peers are in tools.peers). Each
+# returns {median_s, min_s, max_s, compile_s, peak_mem_bytes, ...}.
+
+
+def _run_ours(case: Case, size: ModelSize, dtype: str, warmup: int, steps: int) -> dict:
+  mem = measure.Memory("jax")
+  built = step_builder.build(case, size, dtype)
+  return {**measure.time_steps(built.run, warmup, steps), "compile_s": built.compile_s,
+          "peak_mem_bytes": mem.peak(), "mem_kind": mem.kind,
+          "compile_note": "jit lower + compile"}
+
+
+def _run_prepare(quick: bool) -> dict:
+  """Raw text to stored examples.
+
+  `tools.bench_prepare.benchmark_prepare` times `dataset.prepare` on a synthetic
+  corpus (50 MiB; 5 MiB when quick) with a vocabulary trained beforehand, and
+  returns the keys this module reads (tokens_per_s = corpus word pieces/s).
+  """
+  return dict(bench_prepare.benchmark_prepare(quick=quick))
+
+
+# ----------------------------------------------------------------------------
+# Worker (one measurement per process) and driver
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  case: str  # a Case name
+  impl: str  # 'ours' | 'hf_flax' | 'hf_torch'
+  dtype: str
+
+
+def run_job(job: Job, quick: bool, warmup: int, steps: int, peak_n: int = 0) -> dict:
+  """One measurement, in this process.
+
+  The matmul peak is timed here, right before the case, by the framework the
+  case runs on: it then sees the same machine load as the case itself.
+  """
+  case = {c.name: c for c in CASES}[job.case]
+  if case.kind == "prepare":
+    return _run_prepare(quick)
+  if quick:
+    case = _quick(case)
+  size = _size(case, quick)
+  framework = "torch" if job.impl == "hf_torch" else "jax"
+  peak = measure.matmul_peak(framework, job.dtype, peak_n)
+  run = {"ours": _run_ours, "hf_flax": peers.run_hf_flax, "hf_torch": peers.run_hf_torch}[job.impl]
+  return {**run(case, size, job.dtype, warmup, steps), "matmul_peak": {
+      k: peak[k] for k in ("framework", "dtype", "n", "flops_per_s", "min_s", "max_s")}}
+
+
+def _worker_env() -> dict:
+  env = dict(os.environ)
+  # One real device per worker: drop the tests' simulated-device flag.
+  flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
+  env["XLA_FLAGS"] = flags.strip()
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  env["TOKENIZERS_PARALLELISM"] = env.get("TOKENIZERS_PARALLELISM", "true")
+  # Workers run `-m tools.bench` from the repository root, with it on the path.
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+  return env
+
+
+def _run_in_worker(job: Job, quick: bool, warmup: int, steps: int, timeout: float,
+                   peak_n: int = 0) -> dict:
+  cmd = [sys.executable, "-m", "tools.bench", "--worker",
+         json.dumps(dataclasses.asdict(job)), "--warmup", str(warmup), "--steps", str(steps),
+         "--peak-n", str(peak_n)]
+  if quick:
+    cmd.append("--quick")
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_worker_env(),
+                          timeout=timeout, cwd=ROOT)
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {timeout:.0f} s"}
+  for line in proc.stdout.splitlines():
+    if line.startswith(_RESULT_TAG):
+      return json.loads(line[len(_RESULT_TAG):])
+  tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+  return {"error": f"worker exited {proc.returncode}: {tail[:300]}"}
+
+
+def peers_available() -> dict[str, Optional[str]]:
+  """impl -> None if importable, else why not (peers are optional)."""
+  out: dict[str, Optional[str]] = {"ours": None}
+  has_tf = importlib.util.find_spec("transformers") is not None
+  out["hf_flax"] = None if has_tf else "transformers is not installed"
+  if not has_tf:
+    out["hf_torch"] = "transformers is not installed"
+  else:
+    out["hf_torch"] = (None if importlib.util.find_spec("torch") is not None
+                       else "torch is not installed")
+  return out
+
+
+def plan(cases: Sequence[Case], impls: Sequence[str], all_dtypes: bool = False) -> list[Job]:
+  """Every (case, impl, dtype) to run.
+
+  Everybody runs in float32 (the peers' default). Ours also runs in its
+  config's dtype where that differs (BERT-Base: bfloat16) on the mixed
+  precision case, train_base_128, or on every case with `all_dtypes`; the
+  full run must fit in 25 minutes on 2 cores.
+  """
+  jobs = []
+  sizes = model_sizes()
+  for case in cases:
+    if case.kind == "prepare":
+      jobs.append(Job(case.name, "ours", ""))
+      continue
+    default = sizes[case.model].default_dtype
+    for impl in impls:
+      if impl == "ours" and default != "float32" and (
+          all_dtypes or case.name == "train_base_128"):
+        jobs.append(Job(case.name, impl, default))
+      jobs.append(Job(case.name, impl, "float32"))
+  return jobs
+
+
+def derive(job: Job, raw: dict, quick: bool) -> dict:
+  """Adds throughput, FLOP/s and MFU to a worker's raw timing."""
+  row = {"case": job.case, "impl": job.impl, "dtype": job.dtype, **raw}
+  if "error" in raw:
+    return row
+  case = {c.name: c for c in CASES}[job.case]
+  if case.kind == "prepare":
+    return row
+  case = _quick(case) if quick else case
+  size = _size(case, quick)
+  row.update(batch=case.batch, seq_len=case.seq_len, predictions=case.predictions,
+             model=dataclasses.asdict(size), model_name=case.model,
+             default_dtype=job.dtype == size.default_dtype)
+  t = raw["median_s"]
+  flops = model_flops(size, case.kind, case.batch, case.seq_len, case.predictions)
+  row.update(sequences_per_s=case.batch / t, tokens_per_s=case.batch * case.seq_len / t,
+             model_flops_per_step=flops, model_flops_per_s=flops / t)
+  row["mfu"] = row["model_flops_per_s"] / raw["matmul_peak"]["flops_per_s"]
+  return row
+
+
+def add_ratios(rows: list[dict]) -> None:
+  """ours/peer throughput ratios (same case, same batch) on every 'ours' row."""
+  for row in rows:
+    if row["impl"] != "ours" or "tokens_per_s" not in row:
+      continue
+    for peer in ("hf_flax", "hf_torch"):
+      other = [r for r in rows if r["case"] == row["case"] and r["impl"] == peer
+               and "tokens_per_s" in r]
+      if other:
+        row[f"ratio_vs_{peer}"] = row["tokens_per_s"] / other[0]["tokens_per_s"]
+
+
+# ----------------------------------------------------------------------------
+# Reporting
+
+
+def machine_info() -> dict:
+  cpu = platform.processor() or "unknown"
+  try:
+    with open("/proc/cpuinfo") as f:
+      names = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
+    cpu = names[0] if names else cpu
+  except OSError:
+    pass
+  info = {"cpu": cpu, "cores": os.cpu_count(), "gpu": None, "python": platform.python_version()}
+  versions = {}
+  for mod in ("jax", "jaxlib", "flax", "optax", "transformers", "torch"):
+    try:
+      versions[mod] = __import__(mod).__version__
+    except Exception:  # optional peers may be absent or broken
+      versions[mod] = None
+  info["versions"] = versions
+  try:
+    dev = jax.devices()[0]
+    if dev.platform != "cpu":
+      info["gpu"] = getattr(dev, "device_kind", dev.platform)
+  except Exception:
+    pass
+  return info
+
+
+def _fmt(x: Optional[float], spec: str) -> str:
+  return "—" if x is None else format(x, spec)
+
+
+def _si(x: Optional[float]) -> str:
+  if x is None:
+    return "—"
+  for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    if abs(x) >= scale:
+      return f"{x / scale:.3g} {unit}"
+  return f"{x:.3g}"
+
+
+def markdown(result: dict) -> str:
+  """The results table, the ratios, the machine and the command, as markdown."""
+  rows, m = result["rows"], result["machine"]
+  lines = ["| case | implementation | dtype | B×L | step ms: median (min–max) | seq/s | "
+           "tokens/s | model FLOP/s | matmul peak FLOP/s | MFU | compile s | peak mem MiB | "
+           "ours ÷ HF Flax | ours ÷ HF PyTorch |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for r in rows:
+    if r["case"] == "prepare":
+      continue
+    name = IMPL_NAMES.get(r["impl"], r["impl"])
+    if r["impl"] == "ours" and r.get("default_dtype"):
+      name += " (config default)"
+    bxl = f"{r.get('batch', '')}×{r.get('seq_len', '')}"
+    if "error" in r:
+      lines.append(f"| {r['case']} | {name} | {r['dtype']} | {bxl} | error: {r['error']} "
+                   "| | | | | | | | | |")
+      continue
+    lines.append(
+        f"| {r['case']} | {name} | {r['dtype']} | {bxl} | "
+        f"{r['median_s'] * 1e3:.1f} ({r['min_s'] * 1e3:.1f}–{r['max_s'] * 1e3:.1f}) | "
+        f"{r['sequences_per_s']:.1f} | {r['tokens_per_s']:.0f} | "
+        f"{_si(r['model_flops_per_s'])} | {_si(r['matmul_peak']['flops_per_s'])} "
+        f"({r['matmul_peak']['framework']}) | {100 * r['mfu']:.0f}% | "
+        f"{r['compile_s']:.1f} | {r['peak_mem_bytes'] / 2**20:.0f} | "
+        f"{_fmt(r.get('ratio_vs_hf_flax'), '.2f')} | {_fmt(r.get('ratio_vs_hf_torch'), '.2f')} |")
+  for r in rows:
+    if r["case"] == "prepare":
+      if "error" in r:
+        lines.append(f"\nData preparation: error: {r['error']}")
+      else:
+        lines.append(
+            f"\nData preparation ({r.get('what', 'dataset.prepare')}): "
+            f"{r['median_s']:.1f} s, {r['tokens_per_s']:.0f} corpus tokens/s"
+            + (f", {r['example_tokens_per_s']:.0f} example tokens/s"
+               if "example_tokens_per_s" in r else "")
+            + f", peak mem {r['peak_mem_bytes'] / 2**20:.0f} MiB.")
+  v = m["versions"]
+  mem_kinds = sorted({r.get("mem_kind") for r in rows if r.get("mem_kind")})
+  lines += [
+      "",
+      f"Machine: {m['cpu']}, {m['cores']} cores, GPU: {m['gpu'] or 'none'}. "
+      "Matmul peak: a jitted `jnp.dot` (jax rows) or `torch.mm` (PyTorch rows) of two "
+      f"{result['peak_n']}² matrices in the row's dtype, median of 10, timed in the row's "
+      "worker just before it; MFU = model FLOP/s ÷ that peak.",
+      "Versions: " + ", ".join(f"{k} {v[k]}" for k in v if v[k]) + ". "
+      f"Date: {result['date']}. Memory: {', '.join(mem_kinds)}. "
+      f"Median of {result['steps']} timed steps after {result['warmup']} warm-up steps"
+      + (" (QUICK run: 2-layer models, batch ≤ 4; plumbing check, not a measurement)"
+         if result["quick"] else "") + ".",
+      f"Command: `{result['command']}`",
+  ]
+  for impl, why in result.get("skipped", {}).items():
+    lines.append(f"Skipped {IMPL_NAMES.get(impl, impl)}: {why}.")
+  return "\n".join(lines) + "\n"
+
+
+def replace_readme_block(text: str, block: str, path: str = "README.md") -> str:
+  """`text` with everything between the bench markers replaced by `block`."""
+  start, end = text.find(README_START), text.find(README_END)
+  if start < 0 or end < start:
+    raise ConfigError(f"{path}: expected a '{README_START}' line followed by a "
+                      f"'{README_END}' line to put the benchmark table between")
+  return text[:start + len(README_START)] + "\n" + block + text[end:]
+
+
+def _write_atomic(path: str, text: str) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def run_benchmark(cases: Sequence[Case], impls: Sequence[str], quick: bool, warmup: int,
+                  steps: int, in_process: bool = False, timeout: float = 1800,
+                  command: str = "", log: Callable[[str], None] = print,
+                  peak_n: int = 0, all_dtypes: bool = False) -> dict:
+  """Runs every job (each in a worker process unless `in_process`) and derives metrics."""
+  available = peers_available()
+  skipped = {i: available[i] for i in impls if available.get(i)}
+  impls = [i for i in impls if not available.get(i)]
+  for impl, why in skipped.items():
+    log(f"skipping {IMPL_NAMES[impl]}: {why}")
+  jobs = plan(cases, impls, all_dtypes)
+
+  def run(job):
+    if in_process:
+      try:
+        return run_job(job, quick, warmup, steps, peak_n)
+      except BertJaxError as e:
+        return {"error": str(e)}
+    return _run_in_worker(job, quick, warmup, steps, timeout, peak_n)
+
+  rows = []
+  for job in jobs:
+    t = time.perf_counter()
+    row = derive(job, run(job), quick)
+    rows.append(row)
+    what = row.get("error") or (f"{row['median_s'] * 1e3:.1f} ms/step" + (
+        f", {row['tokens_per_s']:.0f} tokens/s, MFU {100 * row['mfu']:.0f}%"
+        if "mfu" in row else ""))
+    log(f"{job.case:18s} {IMPL_NAMES[job.impl]:11s} {job.dtype or '-':9s} {what} "
+        f"[{time.perf_counter() - t:.0f} s]")
+  add_ratios(rows)
+  peak_n = next((r["matmul_peak"]["n"] for r in rows if "matmul_peak" in r), None)
+  return {"rows": rows, "peak_n": peak_n,
+          "machine": machine_info(), "quick": quick, "steps": steps, "warmup": warmup,
+          "skipped": skipped, "command": command,
+          "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")}
+
+
+def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+  p = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__.split("\n")[0])
+  p.add_argument("--quick", action="store_true",
+                 help="2-layer models and batch <= 4: checks the plumbing, measures nothing")
+  p.add_argument("--cases", default="all",
+                 help="comma-separated, from: " + ", ".join(c.name for c in CASES))
+  p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated, from: "
+                 + ", ".join(IMPLS))
+  p.add_argument("--steps", type=int, default=None, help="timed steps (default 10; quick 3)")
+  p.add_argument("--warmup", type=int, default=None, help="untimed steps after compiling (default 1)")
+  p.add_argument("--out", default="tools/results/results.json", help="JSON results")
+  p.add_argument("--md", default="tools/results/results.md", help="markdown table")
+  p.add_argument("--readme", action="store_true",
+                 help=f"replace the {README_START}..{README_END} block of --readme-path")
+  p.add_argument("--readme-path", default="README.md")
+  p.add_argument("--in-process", action="store_true",
+                 help="run every measurement in this process (tests; memory is then cumulative)")
+  p.add_argument("--timeout", type=float, default=1800, help="seconds per worker")
+  p.add_argument("--all-dtypes", action="store_true",
+                 help="ours also in its config dtype (bfloat16 for BERT-Base) on every case, "
+                      "not only train_base_128")
+  p.add_argument("--peak-n", type=int, default=0,
+                 help="size of the square matmul timed for the peak (default 2048 on CPU, "
+                      "8192 on GPU)")
+  p.add_argument("--worker", help=argparse.SUPPRESS)
+  return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  args = _parse(argv)
+  steps = args.steps if args.steps is not None else (3 if args.quick else 10)
+  warmup = args.warmup if args.warmup is not None else 1
+  if args.worker:
+    job = Job(**json.loads(args.worker))
+    try:
+      out = run_job(job, args.quick, warmup, steps, args.peak_n)
+    except BertJaxError as e:
+      out = {"error": str(e)}
+    print(_RESULT_TAG + json.dumps(out), flush=True)
+    return 0
+  try:
+    by_name = {c.name: c for c in CASES}
+    names = list(by_name) if args.cases == "all" else [
+        n.strip() for n in args.cases.split(",") if n.strip()]
+    bad = [n for n in names if n not in by_name]
+    if bad or not names:
+      raise ConfigError(f"--cases={args.cases!r}: unknown {bad}; expected a comma-separated "
+                        f"list from {list(by_name)} or 'all'")
+    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    if not impls or any(i not in IMPLS for i in impls) or "ours" not in impls:
+      raise ConfigError(f"--impls={args.impls!r}: expected 'ours' plus any of "
+                        f"{list(IMPLS[1:])}, comma-separated")
+    if steps < 1 or warmup < 0:
+      raise ConfigError(f"--steps={steps} --warmup={warmup}: expected steps >= 1, warmup >= 0")
+    if args.readme:  # fail before the (long) run, not after it
+      with open(args.readme_path) as f:
+        replace_readme_block(f.read(), "", args.readme_path)
+    command = "python -m tools.bench " + " ".join(
+        a for a in (argv if argv is not None else sys.argv[1:]))
+    result = run_benchmark([by_name[n] for n in names], impls, args.quick, warmup, steps,
+                           args.in_process, args.timeout, command.strip(),
+                           peak_n=args.peak_n, all_dtypes=args.all_dtypes)
+    table = markdown(result)
+    print("\n" + table)
+    _write_atomic(args.out, json.dumps(result, indent=1, default=str) + "\n")
+    _write_atomic(args.md, table)
+    if args.readme:
+      with open(args.readme_path) as f:
+        text = replace_readme_block(f.read(), table, args.readme_path)
+      _write_atomic(args.readme_path, text)
+    print(f"wrote {args.out}, {args.md}" + (f", {args.readme_path}" if args.readme else ""))
+  except (BertJaxError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
