@@ -3,112 +3,14 @@
   python train.py                                  # tiny BERT on the built-in corpus
   python train.py --config configs/base.py --workdir runs/base --config.data.corpus=my.txt
 
-Rerunning with the same --workdir resumes from its latest checkpoint.
-
-Exit codes: 0 done; 2 bad input or config, or a failure reported on one
-`error: ...` line (unwritable checkpoint, NaN/inf training); 143 (SIGTERM) and
-130 (SIGINT) stopped during training after checkpointing the current step:
-rerun the same command to resume.
+Rerunning with the same --workdir resumes from its latest checkpoint. Flags,
+exit codes and errors: `bert_jax/train_cli.py` (the same as `bert-jax-train`).
 """
 
 import os
-import re
-import sys
-from typing import NoReturn
 
-from absl import app, flags, logging
-from ml_collections import config_flags
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-          tuple: "a tuple such as '(128,512)'", list: "a tuple such as '(128,512)'"}
-
-
-def _flag_error(e: BaseException) -> NoReturn:
-  """A bad flag or --config override: one `error:` line and exit 2, like any bad input."""
-  while e.args and isinstance(e.args[0], BaseException):
-    e = e.args[0]  # ml_collections wraps the KeyError of an unknown field
-  text = " ".join(str(e.args[0] if e.args else e).split())
-  if isinstance(e, (AttributeError, KeyError)):  # an override of a field that does not exist
-    key = (re.findall(r"'([^']+)'", text) or [text])[0]
-    names = [a.split("=", 1)[0] for a in sys.argv[1:]
-             if a.startswith("--config.") and key in a.split("=", 1)[0].split(".")]
-    hint = re.search(r'Did you mean "([^"]+)"', text)
-    text = (f"{names[0] if names else '--config'}: the config has no field '{key}'; expected "
-            + (f"'{hint.group(1)}' or another" if hint else "a") + " field of the config file")
-  elif isinstance(e, flags.IllegalFlagValueError) and text.startswith("flag --"):
-    name, _, rest = text[len("flag --"):].partition(": ")
-    field = name.split("=", 1)[0]
-    kind = _KINDS.get(type(FLAGS[field].value)) if field in FLAGS else None
-    text = f"--{name}: " + (f"expected {kind} ({rest})" if kind else rest)
-  elif isinstance(e, flags.Error):
-    text += "; expected the flags that --helpfull lists"
-  elif isinstance(e, OSError):  # a --config file that cannot be loaded
-    why = re.search(r"\[Errno \d+\] (.*)", text)
-    text = (f"--config: {why.group(1) if why else text}; expected a config file such as "
-            "configs/tiny.py")
-  print(f"error: {text}", file=sys.stderr)
-  sys.exit(2)
-
-
-try:  # the overrides of the default config are applied here, when it is defined
-  config_flags.DEFINE_config_file(
-      "config", os.path.join(_HERE, "configs", "tiny.py"), "Config file (ml_collections).",
-      lock_config=True)
-except (AttributeError, KeyError) as e:
-  _flag_error(e)
-flags.DEFINE_string("workdir", "runs/tiny", "Checkpoints, logs and prepared data go here.")
-flags.DEFINE_bool("jax_distributed", False,
-                  "Call jax.distributed.initialize() first (multi-host TPU pods, multi-process GPU); "
-                  "auto-detects the cluster unless the three flags below are given.")
-flags.DEFINE_string("coordinator_address", None,
-                    "host:port of process 0's coordinator, e.g. 127.0.0.1:12345 (implies "
-                    "--jax_distributed; with --num_processes and --process_id).")
-flags.DEFINE_integer("num_processes", None, "Number of processes in the run.")
-flags.DEFINE_integer("process_id", None, "This process's index, 0 .. num_processes-1.")
-FLAGS = flags.FLAGS
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-  try:
-    rest = FLAGS(argv)
-    getattr(FLAGS.config, "keys")  # a --config file that failed to load raises only when used
-    return rest
-  except (flags.Error, AttributeError, KeyError, OSError) as e:
-    _flag_error(e)
-
-
-def _last_line(text: str) -> None:
-  # One write to the file descriptor: library threads (TensorStore after a failed
-  # write) may still be printing tracebacks piecewise through sys.stderr, and a
-  # half-printed one must not swallow the start of this line.
-  os.write(sys.stderr.fileno(), (text + "\n").encode())
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
-  from bert_jax.errors import BertJaxError, Preempted
-  from bert_jax.trainer import train_and_evaluate
-  try:
-    explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-    if FLAGS.jax_distributed or any(v is not None for v in explicit):
-      from bert_jax import sharding
-      sharding.initialize_distributed(*explicit)
-    train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except Preempted as e:  # SIGTERM/SIGINT during training: checkpointed, resumable
-    _last_line(f"interrupted: {e}")
-    sys.exit(128 + e.signum)  # 143 for SIGTERM, 130 for SIGINT, as the shell reports them
-  except BertJaxError as e:
-    _last_line(f"error: {e}")
-    sys.exit(2)
-  except KeyboardInterrupt:  # Ctrl-C before training started (e.g. preparing data)
-    print("interrupted", file=sys.stderr)
-    sys.exit(130)
-
+from bert_jax import train_cli
 
 if __name__ == "__main__":
-  sys.path.insert(0, _HERE)  # `configs` imports `configs.default`
-  app.run(main, flags_parser=_parse_flags)
+  here = os.path.dirname(os.path.abspath(__file__))
+  train_cli.run(os.path.join(here, "configs", "tiny.py"), "runs/tiny")

@@ -147,13 +147,9 @@ def _set(tree: dict, path: tuple, value: Any) -> None:
 
 def _abstract_params(config: Any) -> dict:
   """Shapes of BertForPreTraining's params, without allocating them."""
-  import jax
   import flax.linen as nn
-  from bert_jax.model import BertForPreTraining
-  ids, pos = np.zeros((1, 8), np.int32), np.zeros((1, 1), np.int32)
-  boxed = jax.eval_shape(lambda k: BertForPreTraining(config).init(k, ids, ids, ids, pos),
-                         jax.random.key(0))
-  return nn.meta.unbox(boxed["params"])
+  from bert_jax.model import abstract_params
+  return nn.meta.unbox(abstract_params(config))
 
 
 def _init_missing(config: Any, abstract: Mapping, paths: Sequence[tuple], seed: int) -> dict:
@@ -711,5 +707,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 2
 
 
-if __name__ == "__main__":
+def cli() -> None:
+  """The console entry point (`bert-jax-convert`)."""
   sys.exit(main())
+
+
+if __name__ == "__main__":
+  cli()

@@ -50,19 +50,20 @@ import random
 import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ml_collections
 import numpy as np
 
 from bert_jax import corpus
 from bert_jax import pretraining_data
 from bert_jax.errors import ConfigError, CorpusError
 from bert_jax.tokenizer import VOCAB_FILE, Tokenizer
+
+if TYPE_CHECKING:  # settings imports the model (JAX); data code does not
+  from bert_jax.settings import DataSettings
 
 # Bump when the way examples are made or stored changes, so old caches are not reused.
 DATA_VERSION = 2
@@ -84,7 +85,6 @@ _HEADER = 3  # n_a, n, label
 # bytes one by one saves almost nothing and makes writing 7x slower.
 _WRITER_OPTIONS = "group_size:1,uncompressed"
 _PROGRESS_SECONDS = 30.0
-DEFAULT_VOCAB_SAMPLE_BYTES = 100_000_000
 
 
 @dataclasses.dataclass
@@ -96,14 +96,15 @@ class Prepared:
   directory: str
 
 
-def prepare(data_config: ml_collections.ConfigDict, seq_lens: Sequence[int], cache_dir: str,
+def prepare(data_config: DataSettings, seq_lens: Sequence[int], cache_dir: str,
             seed: int) -> Prepared:
   """Returns the data for every seq_len, preparing (only) what is not stored yet."""
   settings = _settings(data_config, seed)
   seq_lens = sorted({int(l) for l in seq_lens})
   for l in seq_lens:
-    if l < 5:
-      raise ConfigError(f"train.seq_lens must all be at least 5 ([CLS] a [SEP] b [SEP]), got {l}")
+    if l < pretraining_data.MIN_SEQ_LEN:
+      raise ConfigError(f"--config.train.seq_lens: {l} is too short; expected every seq_len "
+                        f">= {pretraining_data.MIN_SEQ_LEN}")
   cache_dir = os.path.abspath(cache_dir)
   key = _hash(settings)
   directory = os.path.join(cache_dir, key)
@@ -134,7 +135,7 @@ def _prepare_fresh(c, settings: dict, cache_dir: str, directory: str, key: str,
   made_cache_dir = not os.path.exists(cache_dir)
   try:
     os.makedirs(staging)
-    tokenizer = _make_tokenizer(c, seed)
+    tokenizer = make_tokenizer(c, seed)
     stats = _write_examples(c, tokenizer, {l: _seq_dir(staging, l) for l in seq_lens}, seed)
     _write_json(os.path.join(staging, STATS_FILE), stats)
     _write_json(os.path.join(staging, SETTINGS_FILE), settings)
@@ -213,34 +214,13 @@ def _write_json(path: str, obj: Any) -> None:
 # --- settings ---
 
 
-def _settings(c: ml_collections.ConfigDict, seed: int) -> dict:
-  """Everything that determines the data, validated; hashed into the cache key."""
-  if not 0.0 < c.eval_fraction < 1.0:
-    raise ConfigError(f"data.eval_fraction must be in (0, 1), got {c.eval_fraction}")
-  if c.max_eval_examples < 0:
-    raise ConfigError(f"data.max_eval_examples must be >= 0 (0 = no cap), "
-                      f"got {c.max_eval_examples}")
-  if c.dupe_factor < 1:
-    raise ConfigError(f"data.dupe_factor must be >= 1, got {c.dupe_factor}")
-  if not 0.0 <= c.short_seq_prob <= 1.0:
-    raise ConfigError(f"data.short_seq_prob must be in [0, 1], got {c.short_seq_prob}")
-  if c.max_documents < 0:
-    raise ConfigError(f"data.max_documents must be >= 0 (0 = all), got {c.max_documents}")
-  if c.format not in corpus.FORMATS:
-    raise ConfigError(f"data.format must be one of {', '.join(corpus.FORMATS)}; "
-                      f"got {c.format!r}")
+def _settings(c: DataSettings, seed: int) -> dict:
+  """Everything that determines the data (checked in DataSettings); hashed into the cache key."""
   if c.vocab_file:
-    if not os.path.isfile(c.vocab_file):
-      what = "is a directory" if os.path.isdir(c.vocab_file) else "does not exist or is not a file"
-      raise ConfigError(f"data.vocab_file '{c.vocab_file}' {what}; expected a vocab.txt file "
-                        "(one token per line)")
     with open(c.vocab_file, "rb") as f:
       vocab = {"file_sha256": hashlib.sha256(f.read()).hexdigest()}
   else:
-    sample = int(c.get("vocab_sample_bytes", DEFAULT_VOCAB_SAMPLE_BYTES))
-    if sample < 1:
-      raise ConfigError(f"data.vocab_sample_bytes must be >= 1, got {sample}")
-    vocab = {"trained_size": int(c.vocab_size), "sample_bytes": sample}
+    vocab = {"trained_size": int(c.vocab_size), "sample_bytes": int(c.vocab_sample_bytes)}
   vocab["lowercase"] = bool(c.lowercase)
   return {
       "data_version": DATA_VERSION,
@@ -265,7 +245,7 @@ def _hash(obj: Any) -> str:
 # --- documents: split, vocabulary, tokens ---
 
 
-def _documents(c: ml_collections.ConfigDict, seed: int,
+def _documents(c: DataSettings, seed: int,
                stats: corpus.CorpusStats) -> Iterator[tuple[bool, list[str]]]:
   """(is_eval, document) for the whole corpus, in corpus order."""
   docs = corpus.read_documents(c.corpus, c.format, c.max_documents, stats=stats)
@@ -317,12 +297,12 @@ def _assign(block: list[list[str]], index: int, n_eval: int,
   return n_eval
 
 
-def _make_tokenizer(c: ml_collections.ConfigDict, seed: int) -> Tokenizer:
+def make_tokenizer(c: DataSettings, seed: int) -> Tokenizer:
   if c.vocab_file:
     return Tokenizer.from_vocab_file(c.vocab_file, c.lowercase)
   # Train split only: the eval text must stay unseen, vocabulary included.
   texts = _vocab_sample(_documents(c, seed, corpus.CorpusStats()),
-                        int(c.get("vocab_sample_bytes", DEFAULT_VOCAB_SAMPLE_BYTES)))
+                        c.vocab_sample_bytes)
   return Tokenizer.train(texts, c.vocab_size, c.lowercase)
 
 
@@ -414,7 +394,7 @@ def _window(docs: list[tuple[np.ndarray, list[int]]]) -> pretraining_data.Window
 # --- examples -> records ---
 
 
-def _write_examples(c: ml_collections.ConfigDict, tokenizer: Tokenizer,
+def _write_examples(c: DataSettings, tokenizer: Tokenizer,
                     out_dirs: dict[int, str], seed: int) -> dict:
   """One streaming pass: every seq_len's train and eval records; returns the stats."""
   start = time.perf_counter()
@@ -588,11 +568,12 @@ def open_split(directory: str, seq_len: int, split: str) -> ExampleSource:
 
 
 class ExampleSource:
-  """Random access to stored examples: `len(src)`, `src[i]`, `src.__getitems__(indices)`.
+  """Random access to stored examples: `len(src)`, `src[i]`, `src.read_batch(indices)`.
 
-  Each example is a dict of `input_ids`, `segment_ids`, `input_mask` int32 [L]
-  and `next_sentence_label` int32 scalar. `__getitems__` decodes a whole
-  batch at once (the input pipeline uses it). Readers open on first use.
+  An example (`src[i]`, `__getitems__`) is a dict of `input_ids`,
+  `segment_ids`, `input_mask` int32 [L] and `next_sentence_label` int32
+  scalar. `read_batch` decodes many at once into one stacked `Batch` (what
+  the input pipeline uses). Readers open on first use.
   """
 
   def __init__(self, paths: Sequence[str], counts: Sequence[int], seq_len: int, dtype: str):
@@ -611,9 +592,15 @@ class ExampleSource:
     return self.__getitems__([index])[0]
 
   def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-    keys = np.asarray([int(i) for i in indices], np.int64)
-    if not len(keys):
+    if not len(indices):
       return []
+    arrays = self._read_arrays(indices)
+    return [{name: arrays[name][k] for name in pretraining_data.FEATURES}
+            for k in range(len(indices))]
+
+  def _read_arrays(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+    """FEATURES arrays [K, ...] of the examples at `indices` (K >= 1)."""
+    keys = np.asarray([int(i) for i in indices], np.int64)
     keys = np.where(keys < 0, keys + self._n, keys)
     if keys.min() < 0 or keys.max() >= self._n:
       bad = int(keys[(keys < 0) | (keys >= self._n)][0])
@@ -629,9 +616,12 @@ class ExampleSource:
                              self._reader(shard).read(local_K[where].tolist())):
           records[k] = record
     rows_KxR = np.frombuffer(b"".join(records), self._dtype).reshape(len(keys), -1)
-    arrays = _decode(rows_KxR, self.seq_len)
-    return [{name: arrays[name][k] for name in pretraining_data.FEATURES}
-            for k in range(len(keys))]
+    return _decode(rows_KxR, self.seq_len)
+
+  def read_batch(self, indices: Sequence[int]) -> pretraining_data.Batch:
+    """The examples at `indices` stacked into one Batch (what the input pipeline reads)."""
+    arrays = self._read_arrays(indices)
+    return pretraining_data.Batch.from_features(arrays)
 
   def _reader(self, shard: int):
     if shard not in self._readers:
@@ -654,136 +644,3 @@ def _decode(rows_KxR: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
       "input_mask": (pos_1xL < n_Kx1).astype(np.int32),
       "next_sentence_label": rows_KxR[:, 2].astype(np.int32),
   }
-
-
-# --- benchmark: raw text -> stored examples ---
-
-
-def make_synthetic_corpus(path: str, megabytes: float, seed: int = 0) -> str:
-  """Writes `megabytes` MiB of plain-format text: documents of 3-30 sentences drawn
-  at random from the built-in corpus (real English, no download). Returns `path`."""
-  sentences = [s for d in corpus.read_documents(corpus.BUILTIN) for s in d]
-  rng = random.Random(seed)
-  target, written = int(megabytes * 2**20), 0
-  with open(path, "w", encoding="utf-8") as f:
-    while written < target:
-      doc = "\n".join(rng.choices(sentences, k=rng.randint(3, 30))) + "\n\n"
-      f.write(doc)
-      written += len(doc.encode())
-  return path
-
-
-def _rss_mb(field: str) -> float | None:
-  try:
-    with open("/proc/self/status", encoding="ascii") as f:
-      for line in f:
-        if line.startswith(field + ":"):
-          return int(line.split()[1]) / 1024
-  except OSError:
-    pass
-  return None
-
-
-def _reset_peak_rss() -> bool:
-  try:  # Linux: "5" resets VmHWM to the current RSS
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-      f.write("5")
-    return True
-  except OSError:
-    return False
-
-
-def benchmark_prepare(corpus_path: str | None = None, megabytes: float = 50.0,
-                      seq_len: int = 128, dupe_factor: int = 1, vocab_size: int = 8192,
-                      quick: bool = False, workdir: str | None = None) -> dict:
-  """Times `prepare` from raw text to stored examples, with its peak RSS.
-
-  The corpus is `corpus_path`, or a synthetic one of `megabytes` MiB (5 MiB
-  when `quick`). The WordPiece vocabulary is trained first, from at most
-  10 MB of the corpus, and timed apart (`vocab_seconds`): its cost does not
-  grow with the corpus. `tokens` counts the corpus's WordPiece tokens;
-  `example_tokens` the used positions of the stored examples (dupe_factor
-  passes, [CLS]/[SEP] included). Peak RSS is the process's high-water mark
-  during `prepare` (reset before it on Linux; otherwise since process start).
-  The dict also carries the keys `bert_jax.bench` reads.
-  """
-  import ml_collections
-  from configs import default
-  with tempfile.TemporaryDirectory(prefix="bert_jax_prepare_bench_", dir=workdir) as tmp:
-    if corpus_path is None:
-      megabytes = 5.0 if quick else megabytes
-      corpus_path = make_synthetic_corpus(os.path.join(tmp, "corpus.txt"), megabytes)
-    c = ml_collections.ConfigDict(default.get_config().data.to_dict())
-    c.corpus, c.vocab_size, c.dupe_factor = corpus_path, vocab_size, dupe_factor
-    c.vocab_sample_bytes = 10_000_000
-    t = time.perf_counter()
-    tokenizer = _make_tokenizer(c, seed=0)
-    vocab_seconds = time.perf_counter() - t
-    c.vocab_file = tokenizer.save(os.path.join(tmp, "vocab"))
-    exact_peak = _reset_peak_rss()
-    start_rss = _rss_mb("VmRSS")
-    t, cpu = time.perf_counter(), time.process_time()
-    prepared = prepare(c, [seq_len], os.path.join(tmp, "cache"), seed=0)
-    seconds, cpu_seconds = time.perf_counter() - t, time.process_time() - cpu
-    peak = _rss_mb("VmHWM") if exact_peak else None
-    if peak is None:
-      import resource
-      peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    with open(os.path.join(prepared.directory, STATS_FILE), encoding="utf-8") as f:
-      stats = json.load(f)
-    size_mb = os.path.getsize(corpus_path) / 2**20
-  tokens, example_tokens = stats["tokens"], stats[f"example_tokens_seq{seq_len}"]
-  return {
-      "tokens": tokens, "seconds": seconds, "tokens_per_sec": tokens / seconds,
-      "peak_rss_mb": peak, "start_rss_mb": start_rss, "cpu_seconds": cpu_seconds,
-      "corpus_mb": size_mb, "documents": stats["documents"],
-      "examples": sum(stats["examples"][str(seq_len)].values()),
-      "example_tokens": example_tokens, "vocab_seconds": vocab_seconds,
-      "seq_len": seq_len, "dupe_factor": dupe_factor,
-      # The names bert_jax.bench reads.
-      "median_s": seconds, "min_s": seconds, "max_s": seconds, "timed_steps": 1,
-      "compile_s": 0.0, "compile_note": "", "corpus_tokens": tokens,
-      "tokens_per_s": tokens / seconds, "example_tokens_per_s": example_tokens / seconds,
-      "peak_mem_bytes": int(peak * 2**20), "mem_kind": "peak RSS",
-      "what": f"dataset.prepare({size_mb:.0f} MiB of text, seq {seq_len}, "
-              f"dupe_factor {dupe_factor}, vocab {tokenizer.vocab_size} fixed)",
-  }
-
-
-def _bench_main(argv: Sequence[str] | None = None) -> None:
-  import argparse
-  import subprocess
-  parser = argparse.ArgumentParser(
-      prog="python -m bert_jax.dataset",
-      description="Benchmark data preparation (raw text -> stored examples) on synthetic "
-                  "corpora of several sizes, each in a fresh process (clean peak RSS).")
-  parser.add_argument("--bench", action="store_true", required=True)
-  parser.add_argument("--megabytes", type=float, nargs="+", default=[25.0, 100.0])
-  parser.add_argument("--seq-len", type=int, default=128)
-  parser.add_argument("--dupe-factor", type=int, default=1)
-  parser.add_argument("--corpus", default=None, help="a corpus file instead of synthetic text")
-  args = parser.parse_args(argv)
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  sizes = [None] if args.corpus else args.megabytes
-  print("| corpus MiB | tokens | seconds | tokens/s | CPU s | tokens per CPU s "
-        "| example tokens/s | peak RSS MiB | vocab s |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
-  for mb in sizes:
-    call = (f"benchmark_prepare(corpus_path={args.corpus!r}, megabytes={mb!r}, "
-            f"seq_len={args.seq_len}, dupe_factor={args.dupe_factor})")
-    code = ("import json, sys; sys.path.insert(0, %r); from bert_jax.dataset import "
-            "benchmark_prepare; r = %s; print('RESULT ' + json.dumps(r))" % (repo, call))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
-    if out.returncode or not line:
-      print(f"error: benchmark failed: {out.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-      sys.exit(2)
-    r = json.loads(line[0][len("RESULT "):])
-    print(f"| {r['corpus_mb']:.0f} | {r['tokens']} | {r['seconds']:.1f} | "
-          f"{r['tokens_per_sec']:.0f} | {r['cpu_seconds']:.1f} | "
-          f"{r['tokens'] / r['cpu_seconds']:.0f} | {r['example_tokens_per_s']:.0f} | "
-          f"{r['peak_rss_mb']:.0f} | {r['vocab_seconds']:.1f} |", flush=True)
-
-
-if __name__ == "__main__":
-  _bench_main()

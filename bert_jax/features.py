@@ -2,7 +2,7 @@
 
 Restores only the params of a bert-jax checkpoint (trained by train.py or
 imported by bert_jax.convert), on whatever devices this machine has, and runs
-the encoder over texts in batches sharded over a 1-D data mesh:
+the encoder over texts in batches sharded over the data axis of `sharding`'s mesh:
 
   ex = Extractor.from_checkpoint("runs/tiny", max_length=128)
   f = ex.extract(["a sentence", "first half\tsecond half"], layers=(-4, -3, -2, -1),
@@ -49,16 +49,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from bert_jax import checkpointing
+from bert_jax import checkpointing, sharding
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
-from bert_jax.model import BertConfig, BertModel
+from bert_jax.model import BertConfig, BertModel, abstract_params
 from bert_jax.tokenizer import CLS, SEP, Tokenizer
 
 POOLINGS = ("cls", "mean", "pooler", "none")
 DTYPES = ("float32", "bfloat16")
-_DATA = "data"
 # Padded lengths: every length in a bucket shares one compiled program.
 _MIN_BUCKET = 16
 # Shorter runs finish before a progress bar would tell anything.
@@ -197,9 +195,7 @@ def resolve_layers(layers: Sequence[int], num_layers: int) -> tuple[int, ...]:
 
 def _check_params(params: Any, config: BertConfig, where: str) -> None:
   """The restored tree must be exactly the tree `config` builds."""
-  ids = jnp.zeros((1, 2), jnp.int32)
-  want = nn.meta.unbox(jax.eval_shape(
-      lambda: BertModel(config).init(jax.random.key(0), ids, ids, ids)))["params"]
+  want = nn.meta.unbox(abstract_params(config))["bert"]  # the encoder of the pre-training tree
   name = lambda path: "/".join(str(getattr(k, "key", k)) for k in path)
   want = {name(p): x.shape for p, x in jax.tree_util.tree_flatten_with_path(want)[0]}
   have = {name(p): x.shape for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
@@ -243,7 +239,7 @@ class Extractor:
     if not isinstance(batch_size, int) or batch_size <= 0:
       raise ConfigError(f"batch_size={batch_size!r}: expected a positive integer")
     devices = list(jax.devices() if devices is None else devices)
-    self.mesh = Mesh(np.asarray(devices), (_DATA,))
+    self.mesh = sharding.make_mesh(1, devices)
     self.batch_size = -(-batch_size // len(devices)) * len(devices)
     self.max_length = max_length
     self.buckets = buckets(max_length)
@@ -252,8 +248,8 @@ class Extractor:
     self.config = dataclasses.replace(config, dtype=dtype, dropout_rate=0.0,
                                       attention_dropout_rate=0.0, remat=False)
     self._model = BertModel(self.config)
-    self._replicated = NamedSharding(self.mesh, P())
-    self._batch_sharding = NamedSharding(self.mesh, P(_DATA))
+    self._replicated = sharding.replicated(self.mesh)
+    self._batch_sharding = sharding.batch_sharding(self.mesh)
     self.params = jax.device_put(params, self._replicated)
     self._compiled: dict = {}
 
@@ -271,7 +267,7 @@ class Extractor:
       raise CheckpointError(f"checkpoint {path}: is a file; expected a checkpoint directory "
                             "(a workdir, its checkpoints/ folder or a step folder)")
     devices = list(jax.devices() if devices is None else devices)
-    replicated = NamedSharding(Mesh(np.asarray(devices), (_DATA,)), P())
+    replicated = sharding.replicated(sharding.make_mesh(1, devices))
     params, meta = checkpointing.restore_params(path, step, sharding=replicated)
     for key in ("model_config", "vocab", "lowercase"):
       if key not in meta:
@@ -610,5 +606,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+  """The console entry point (`bert-jax-features`)."""
   sys.exit(main())
+
+
+if __name__ == "__main__":
+  cli()

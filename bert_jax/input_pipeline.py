@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.errors import ConfigError, CorpusError
+from bert_jax.pretraining_data import FEATURES, Batch
 
 
 def _check_hosts(global_batch_size: int, process_index: int, process_count: int) -> int:
@@ -31,22 +32,17 @@ def _check_hosts(global_batch_size: int, process_index: int, process_count: int)
   return global_batch_size // process_count
 
 
-def _read(source: Any, indices: Sequence[int]) -> list[dict]:
+def _read(source: Any, indices: Sequence[int]) -> Batch:
+  """The examples at `indices` as one stacked Batch."""
   indices = [int(i) for i in indices]
+  read_batch = getattr(source, "read_batch", None)
+  if read_batch is not None:  # dataset.ExampleSource decodes a whole batch at once
+    return read_batch(indices)
   getitems = getattr(source, "__getitems__", None)
-  # TFDS array_record sources read many records in one call, much faster.
-  return list(getitems(indices)) if getitems else [source[i] for i in indices]
-
-
-def _stack(examples: list[dict]) -> dict[str, np.ndarray]:
-  batch = {}
-  for key in examples[0]:
-    arr = np.stack([np.asarray(e[key]) for e in examples])
-    # Scalars come back from TFDS as Python ints (int64 once stacked).
-    if arr.dtype.kind in "iu" and arr.dtype != np.int32:
-      arr = arr.astype(np.int32)
-    batch[key] = arr
-  return batch
+  examples = list(getitems(indices)) if getitems else [source[i] for i in indices]
+  # Scalars may come back as Python ints (int64 once stacked): from_features casts.
+  return Batch.from_features({k: np.stack([np.asarray(e[k]) for e in examples])
+                              for k in FEATURES})
 
 
 class _Sampler:
@@ -81,8 +77,8 @@ class _Sampler:
         self._perms[epoch] = rng.permutation(self.n).astype(dtype)
       return self._perms[epoch]
 
-  def make(self, batch: int) -> dict[str, np.ndarray]:
-    return _stack(_read(self.source, self.batch_indices(batch)))
+  def make(self, batch: int) -> Batch:
+    return _read(self.source, self.batch_indices(batch))
 
 
 def _produce(sampler: _Sampler, out: queue.Queue, stop: threading.Event, batch: int) -> None:
@@ -150,7 +146,7 @@ class TrainIterator:
   def __iter__(self) -> TrainIterator:
     return self
 
-  def __next__(self) -> dict[str, np.ndarray]:
+  def __next__(self) -> Batch:
     if self._prefetch <= 0:
       batch = self._sampler.make(self._position)
     else:
@@ -189,28 +185,29 @@ class TrainIterator:
 
 
 def eval_batches(source: Any, global_batch_size: int, process_index: int = 0,
-                 process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+                 process_count: int = 1) -> Iterator[Batch]:
   """One pass in stored order; the last batch is padded with all-zero examples.
 
-  Every batch has `example_mask` float32 [G/P] (1 real, 0 padding). All hosts
-  yield the same number of batches, ceil(len(source) / G), so they stay in
-  step in collective ops.
+  `example_mask_B` is 1 for real examples and 0 for padding. All hosts yield
+  the same number of batches, ceil(len(source) / G), so they stay in step in
+  collective ops.
   """
   local = _check_hosts(global_batch_size, process_index, process_count)
   return _eval_batches(source, global_batch_size, local, process_index * local)
 
 
 def _eval_batches(source: Any, global_batch_size: int, local: int,
-                  offset: int) -> Iterator[dict[str, np.ndarray]]:
+                  offset: int) -> Iterator[Batch]:
   n = len(source)
   if n == 0:
     return
-  zero = {k: np.zeros_like(np.asarray(v)) for k, v in source[0].items()}
   for start in range(0, n, global_batch_size):
     first = start + offset
     indices = list(range(first, min(first + local, n)))
-    batch = _stack(_read(source, indices) + [zero] * (local - len(indices)))
+    real = len(indices)
+    # Padding repeats the first example, then is zeroed: the same dtypes and shapes.
+    batch = _read(source, indices + [0] * (local - real))
     mask = np.zeros(local, np.float32)
-    mask[:len(indices)] = 1.0
-    batch["example_mask"] = mask
-    yield batch
+    mask[:real] = 1.0
+    keep = lambda x: np.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)) > 0, x, 0).astype(x.dtype)
+    yield Batch(*(keep(x) for x in batch[:-1]), mask)

@@ -334,3 +334,24 @@ class BertForPreTraining(nn.Module):
     logits_BxPxV = logits_BxPxV + bias_V
     nsp_Bx2 = self.nsp(enc.pooled_BxD.astype(jnp.float32))
     return PreTrainingOutput(logits_BxPxV, nsp_Bx2, enc)
+
+
+def _boxed_params(config: BertConfig, key: jax.Array) -> Any:
+  ids = jnp.zeros((1, 8), jnp.int32)
+  variables = BertForPreTraining(config).init(
+      {"params": key, "dropout": key}, ids, ids, ids, jnp.zeros((1, 1), jnp.int32))
+  return variables["params"]
+
+
+def abstract_params(config: BertConfig) -> Any:
+  """The parameter tree's shapes, dtypes and logical axis names, allocating nothing.
+
+  Leaves are `nn.Partitioned` boxes of `jax.ShapeDtypeStruct`: give them to
+  `sharding.tree_shardings` for shardings, or `nn.meta.unbox` them for shapes.
+  """
+  return jax.eval_shape(functools.partial(_boxed_params, config), jax.random.key(0))
+
+
+def init_params(config: BertConfig, key: jax.Array) -> Any:
+  """Freshly initialised parameters (plain arrays), as the reference initialises them."""
+  return nn.meta.unbox(_boxed_params(config, key))

@@ -10,10 +10,9 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
-from bert_jax.errors import ConfigError
+from bert_jax.settings import OptimizerSettings
 
 
 def bert_schedule(learning_rate: float, warmup_steps: int, num_steps: int) -> optax.Schedule:
@@ -78,14 +77,8 @@ def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransfo
   return optax.GradientTransformationExtraArgs(init, update)
 
 
-def make_optimizer(train: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, Callable]:
-  """Returns (optimizer, learning-rate schedule) from `config.train`."""
-  if train.num_steps <= 0:
-    raise ConfigError(f"config.train.num_steps={train.num_steps}: expected a positive integer")
-  if train.warmup_steps < 0:
-    raise ConfigError(f"config.train.warmup_steps={train.warmup_steps}: expected >= 0")
-  if not train.learning_rate > 0:  # a negative rate climbs the loss without any error
-    raise ConfigError(f"config.train.learning_rate={train.learning_rate}: expected > 0")
+def make_optimizer(train: OptimizerSettings) -> tuple[optax.GradientTransformation, Callable]:
+  """Returns (optimizer, learning-rate schedule); the settings were checked when made."""
   schedule = bert_schedule(train.learning_rate, train.warmup_steps, train.num_steps)
   tx = skip_nonfinite(optax.chain(
       optax.clip_by_global_norm(train.max_grad_norm),

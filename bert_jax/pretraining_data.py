@@ -26,6 +26,7 @@ import dataclasses
 import itertools
 import random
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,6 +35,26 @@ from bert_jax.errors import ConfigError
 IS_NEXT = 0
 NOT_NEXT = 1
 FEATURES = ("input_ids", "segment_ids", "input_mask", "next_sentence_label")
+MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] with room for a few tokens to mask
+
+
+class Batch(NamedTuple):
+  """Examples stacked along B: numpy arrays on the host, jax.Arrays on devices.
+
+  A NamedTuple is a JAX pytree, so a batch crosses `jit` as it is.
+  """
+  input_ids_BxL: Any  # int32
+  segment_ids_BxL: Any  # int32: 0 for [CLS] A [SEP], 1 for B [SEP], 0 for padding
+  input_mask_BxL: Any  # int32: 1 for tokens, 0 for padding
+  next_sentence_label_B: Any  # int32: IS_NEXT or NOT_NEXT
+  example_mask_B: Any  # float32: 1 for a real example, 0 for padding (last eval batch)
+
+  @classmethod
+  def from_features(cls, arrays: dict, example_mask_B: Any = None) -> "Batch":
+    """From stacked FEATURES arrays; every example real unless a mask is given."""
+    n = len(arrays["input_ids"])
+    mask = np.ones(n, np.float32) if example_mask_B is None else example_mask_B
+    return cls(*(np.asarray(arrays[k], np.int32) for k in FEATURES), mask)
 _SPECIALS_PER_PAIR = 3  # [CLS] A [SEP] B [SEP]
 _BLOCK = 4096  # examples gathered per vectorized step in the list API
 

@@ -5,7 +5,7 @@ is (data, model) over every device of every host; data parallel by default,
 parameters optionally sharded over the data axis too ('fsdp').
 """
 
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax
@@ -67,7 +67,14 @@ def logical_rules(param_sharding: str = "replicated") -> tuple:
 def tree_shardings(boxed_tree: Any, mesh: Mesh, rules: tuple) -> Any:
   """NamedShardings for a tree whose leaves may be nn.Partitioned boxes."""
   specs = nn.get_partition_spec(boxed_tree)
-  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+  with nn.logical_axis_rules(rules):
+    return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def with_shardings(abstract_tree: Any, shardings: Any) -> Any:
+  """ShapeDtypeStructs that also carry their shardings (restore targets, AOT lowering)."""
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract_tree, shardings)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -93,11 +100,11 @@ def check_batch(global_batch: int, mesh: Mesh, grad_accum_steps: int = 1) -> Non
         f"{jax.process_count()} processes")
 
 
-def global_batch(local: Mapping[str, np.ndarray], mesh: Mesh) -> dict:
-  """Per-host numpy batch -> one global jax.Array per field, split over data."""
+def global_batch(local: Any, mesh: Mesh) -> Any:
+  """Per-host numpy batch (a Batch, or any tree of arrays) -> global jax.Arrays split over data."""
   sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
-          for k, v in local.items()}
+  return jax.tree.map(
+      lambda v: jax.make_array_from_process_local_data(sharding, np.asarray(v)), local)
 
 
 def replicate(value: np.ndarray, mesh: Mesh) -> jax.Array:

@@ -1,7 +1,7 @@
 """BERT-Base: L=12 H=768 A=12 (110M params), the reference pre-training recipe."""
 
-from configs import default
+from bert_jax import default_config
 
 
 def get_config():
-  return default.get_config()
+  return default_config.get_config()

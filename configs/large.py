@@ -1,10 +1,10 @@
 """BERT-Large: L=24 H=1024 A=16 (340M params)."""
 
-from configs import default
+from bert_jax import default_config
 
 
 def get_config():
-  c = default.get_config()
+  c = default_config.get_config()
   c.model.hidden_size = 1024
   c.model.num_layers = 24
   c.model.num_heads = 16

@@ -3,11 +3,11 @@
 The default of `python train.py`.
 """
 
-from configs import default
+from bert_jax import default_config
 
 
 def get_config():
-  c = default.get_config()
+  c = default_config.get_config()
   c.data.vocab_size = 4096
   c.data.dupe_factor = 10
   c.data.max_eval_examples = 512

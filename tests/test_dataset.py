@@ -10,6 +10,7 @@ import pytest
 
 from bert_jax import corpus, dataset, pretraining_data
 from bert_jax.errors import ConfigError, CorpusError
+from bert_jax.settings import DataSettings
 from bert_jax.input_pipeline import TrainIterator
 from bert_jax.tokenizer import Tokenizer
 from configs import default
@@ -40,7 +41,7 @@ def data_config(corpus_path, **overrides):
   c.max_eval_examples = 100
   for key, value in overrides.items():
     setattr(c, key, value)
-  return c
+  return DataSettings(**c.to_dict())
 
 
 @pytest.fixture
@@ -252,8 +253,8 @@ def test_prepared_source_feeds_the_train_iterator(plain, cache):
   it = TrainIterator(source, 8, seed=0, prefetch=0)
   indices = it.batch_indices(0)
   batch = next(it)
-  assert batch["input_ids"].tolist() == [source[int(i)]["input_ids"].tolist() for i in indices]
-  assert batch["next_sentence_label"].dtype == np.int32
+  assert batch.input_ids_BxL.tolist() == [source[int(i)]["input_ids"].tolist() for i in indices]
+  assert batch.next_sentence_label_B.dtype == np.int32
 
 
 def test_missing_corpus_file_raises_naming_it_and_leaves_nothing(tmp_path, cache):
@@ -312,9 +313,9 @@ def test_bad_data_settings_are_config_errors_naming_the_field(plain, cache, fiel
     dataset.prepare(data_config(plain, **{field: value}), [16], cache, seed=0)
 
 
-def test_seq_len_below_five_is_a_config_error(plain, cache):
+def test_seq_len_below_the_minimum_is_a_config_error(plain, cache):
   with pytest.raises(ConfigError, match="seq_len"):
-    dataset.prepare(data_config(plain), [4], cache, seed=0)
+    dataset.prepare(data_config(plain), [7], cache, seed=0)
 
 
 # --- streaming: windows, determinism, bounded vocabulary sample ---

@@ -25,12 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, input_pipeline, optim, sharding
-from bert_jax import trainer as trainer_lib
+from bert_jax import checkpointing, input_pipeline, optim, settings, sharding
 from bert_jax.errors import ConfigError, NonFiniteError, Preempted
+from bert_jax.pretraining_data import Batch
+from bert_jax.resume import RunCheckpoints, RunState
+from bert_jax.steps import TrainSteps
 from bert_jax.tokenizer import Tokenizer
-from bert_jax.trainer import Trainer, model_config, train_and_evaluate
-from scripts import soak_kill
+from bert_jax.trainer import make_steps, train_and_evaluate
+from tools import soak_kill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 20  # checkpoints every 4 steps, keeps 3
@@ -319,14 +321,14 @@ def test_a_second_run_with_the_same_seed_config_and_devices_logs_identical_losse
 
 def test_nan_parameters_stop_the_run_after_the_configured_streak(base, reference, tmp_path,
                                                                  monkeypatch):
-  real_init = Trainer.init_state
+  real_init = TrainSteps.init_state
 
   def init_with_nan(self):
     params, opt_state = real_init(self)
     params["nsp"]["bias"] = params["nsp"]["bias"] * jnp.nan
     return params, opt_state
 
-  monkeypatch.setattr(Trainer, "init_state", init_with_nan)
+  monkeypatch.setattr(TrainSteps, "init_state", init_with_nan)
   with pytest.raises(NonFiniteError, match="NaN/inf for 3 consecutive steps .*"
                      "max_consecutive_nonfinite=3"):
     train_and_evaluate(_config(base, **{"train.max_consecutive_nonfinite": 3,
@@ -336,23 +338,21 @@ def test_nan_parameters_stop_the_run_after_the_configured_streak(base, reference
 
 
 def _trainer(base, reference):
-  """The Trainer of the runs here (same programs, so compiled ones are reused)."""
+  """The TrainSteps of the runs here (same programs, so compiled ones are reused)."""
   c = _config(base)
   meta = _params(reference)[1]
   tok = Tokenizer(meta["vocab"], meta["lowercase"])
-  return c, Trainer(c, model_config(c, tok.vocab_size), tok.special_ids(), tok.mask_id)
+  return c, make_steps(settings.from_config(c), tok.vocab_size, tok.special_ids(), tok.mask_id)
 
 
 def test_a_checkpoint_with_nan_parameters_is_never_written(base, reference, tmp_path):
   c, t = _trainer(base, reference)
   params, opt_state = t.init_state()
   params["nsp"]["bias"] = params["nsp"]["bias"] * jnp.nan
-  mngr = checkpointing.manager(str(tmp_path / "checkpoints"))
-  run = trainer_lib._Run(c, t, None, trainer_lib.phases_from_config(c), mngr, None, {})
-  run.params, run.opt_state, run.step = params, opt_state, 4
+  ckpts = RunCheckpoints(str(tmp_path / "checkpoints"), 3, t, {})
   with pytest.raises(NonFiniteError, match="parameters at step 4 are NaN/inf"):
-    run.save(run.phases[0], 0)
-  run.abandon()
+    ckpts.save(RunState(4, 0, params, opt_state), settings.from_config(c).train.phases[0], 0)
+  ckpts.abandon()
   assert os.listdir(tmp_path / "checkpoints") == []
 
 
@@ -369,9 +369,9 @@ def test_a_step_with_infinite_loss_changes_nothing_and_is_counted(base, referenc
   def batch(segment_b):
     segments = np.zeros_like(ids)
     segments[:, 16:] = int(segment_b)
-    return sharding.global_batch({
+    return sharding.global_batch(Batch.from_features({
         "input_ids": ids, "segment_ids": segments, "input_mask": np.ones_like(ids),
-        "next_sentence_label": np.zeros(16, np.int32)}, t.mesh)
+        "next_sentence_label": np.zeros(16, np.int32)}), t.mesh)
 
   step = t.train_step_fn(5)
   params, opt, _ = step(params, opt, jnp.int32(0), batch(False))

@@ -36,11 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, convert, dataset, features
+from bert_jax import checkpointing, convert, dataset, features, settings
 from bert_jax.errors import BertJaxError
-from bert_jax.model import BertForPreTraining
+from bert_jax.model import abstract_params
 from bert_jax.tokenizer import SPECIAL_TOKENS
-from bert_jax.trainer import model_config, train_and_evaluate
+from bert_jax.trainer import train_and_evaluate
 from configs import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,13 +93,11 @@ def world(tmp_path_factory) -> World:
   vocab = _text(root / "vocab.txt", "".join(t + "\n" for t in VOCAB))
   w = World(vocab=vocab, cache=str(root / "cache"), run=str(root / "run"), hf=str(root / "hf"))
   c = _config(w.base())
-  dataset.prepare(c.data, [SEQ_LEN], w.cache, c.seed)
+  dataset.prepare(settings.DataSettings(**c.data.to_dict()), [SEQ_LEN], w.cache, c.seed)
   # A checkpoint as a training run writes it, from the same config (random values
   # drawn on the host: compiling an init costs more than this whole table).
-  bert_config = model_config(c, len(VOCAB))
-  ids = jnp.zeros((1, 8), jnp.int32)
-  boxed = jax.eval_shape(lambda: BertForPreTraining(bert_config).init(
-      jax.random.key(0), ids, ids, ids, jnp.zeros((1, 1), jnp.int32))["params"])
+  bert_config = settings.from_config(c).model_config(len(VOCAB))
+  boxed = abstract_params(bert_config)
   rs = np.random.RandomState(0)
   params = jax.tree.map(lambda x: rs.normal(0, 0.2, x.shape).astype(np.float32),
                         nn.meta.unbox(boxed))
@@ -167,7 +165,8 @@ def _run(call: Call, w: World) -> Result:
         rc = 0
       elif call.tool == "prepare":
         c = _config({**w.base(), **call.args})
-        value = dataset.prepare(c.data, [SEQ_LEN], c.data.cache_dir, c.seed)
+        value = dataset.prepare(settings.DataSettings(**c.data.to_dict()), [SEQ_LEN],
+                                c.data.cache_dir, c.seed)
         rc = 0
       elif call.tool == "convert":
         rc = convert.main(call.args)

@@ -21,7 +21,7 @@ def make_source(n):
 
 
 def ids(batch):
-  return batch["input_ids"][:, 0].tolist()
+  return batch.input_ids_BxL[:, 0].tolist()
 
 
 def take(iterator, k):
@@ -30,9 +30,9 @@ def take(iterator, k):
 
 def test_batch_has_stacked_int32_arrays_of_local_size():
   batch = next(TrainIterator(make_source(10), 8, seed=0, process_index=1, process_count=2))
-  assert batch["input_ids"].shape == (4, L) and batch["input_ids"].dtype == np.int32
-  assert batch["next_sentence_label"].shape == (4,)
-  assert batch["next_sentence_label"].dtype == np.int32
+  assert batch.input_ids_BxL.shape == (4, L) and batch.input_ids_BxL.dtype == np.int32
+  assert batch.next_sentence_label_B.shape == (4,)
+  assert batch.next_sentence_label_B.dtype == np.int32
 
 
 def test_hosts_read_disjoint_slices_whose_union_is_the_global_batch():
@@ -143,9 +143,9 @@ def test_batch_size_not_divisible_by_hosts_is_a_config_error():
 def test_eval_pads_the_last_batch_and_marks_it_in_example_mask():
   batches = list(eval_batches(make_source(10), 4))
   assert [ids(b) for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 0]]
-  assert batches[-1]["example_mask"].tolist() == [1.0, 1.0, 0.0, 0.0]
-  assert batches[-1]["example_mask"].dtype == np.float32
-  assert (batches[-1]["input_mask"][2:] == 0).all()  # padding is all-zero examples
+  assert batches[-1].example_mask_B.tolist() == [1.0, 1.0, 0.0, 0.0]
+  assert batches[-1].example_mask_B.dtype == np.float32
+  assert (batches[-1].input_mask_BxL[2:] == 0).all()  # padding is all-zero examples
 
 
 def test_eval_hosts_get_equal_batch_counts_and_together_cover_all_once():
@@ -154,7 +154,7 @@ def test_eval_hosts_get_equal_batch_counts_and_together_cover_all_once():
               for p in range(2)]
   assert len(per_host[0]) == len(per_host[1]) == 2
   real = [i for host in per_host for b in host
-          for i, m in zip(ids(b), b["example_mask"]) if m]
+          for i, m in zip(ids(b), b.example_mask_B) if m]
   assert sorted(real) == list(range(11))
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from bert_jax import optim
 from bert_jax.errors import ConfigError
-from configs import tiny
+from bert_jax.settings import OptimizerSettings
 
 
 def test_no_weight_decay_on_layernorm_or_biases():
@@ -31,8 +31,7 @@ def test_schedule_warms_up_then_decays_linearly_to_zero():
 
 
 def test_weight_decay_is_decoupled_from_adam_scaling():
-  cfg = tiny.get_config().train
-  cfg.learning_rate, cfg.warmup_steps, cfg.num_steps, cfg.weight_decay = 0.1, 0, 10**9, 0.01
+  cfg = OptimizerSettings(learning_rate=0.1, warmup_steps=0, num_steps=10**9, weight_decay=0.01)
   tx, _ = optim.make_optimizer(cfg)
   params = {"kernel": jnp.full((3,), 2.0), "bias": jnp.full((3,), 2.0)}
   zero = jax.tree.map(jnp.zeros_like, params)
@@ -43,7 +42,5 @@ def test_weight_decay_is_decoupled_from_adam_scaling():
 
 
 def test_non_positive_num_steps_is_rejected():
-  cfg = tiny.get_config().train
-  cfg.num_steps = 0
   with pytest.raises(ConfigError, match="num_steps"):
-    optim.make_optimizer(cfg)
+    OptimizerSettings(num_steps=0)

@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import sharding
+from bert_jax import settings, sharding
 from bert_jax.errors import ConfigError
-from bert_jax.trainer import Trainer, model_config
+from bert_jax.pretraining_data import Batch
+from bert_jax.trainer import make_steps
 from configs import tiny
 
 VOCAB, L = 200, 32
@@ -31,13 +32,18 @@ def _batch(seed=0, batch=16):
   ids[:, 0], ids[:, 10], ids[:, 25], ids[:, 26:] = 2, 3, 3, 0
   seg = np.zeros_like(ids)
   seg[:, 11:26] = 1
-  return {"input_ids": ids, "segment_ids": seg, "input_mask": (ids != 0).astype(np.int32),
-          "next_sentence_label": rs.randint(0, 2, size=batch).astype(np.int32)}
+  return Batch.from_features({
+      "input_ids": ids, "segment_ids": seg, "input_mask": (ids != 0).astype(np.int32),
+      "next_sentence_label": rs.randint(0, 2, size=batch).astype(np.int32)})
+
+
+def _steps(config, mesh=None):
+  return make_steps(settings.from_config(config), VOCAB, [0, 1, 2, 3, 4], 4, mesh=mesh)
 
 
 def _run(config, devices, steps=2):
   mesh = sharding.make_mesh(config.mesh.model_parallel, devices=devices)
-  t = Trainer(config, model_config(config, VOCAB), [0, 1, 2, 3, 4], 4, mesh=mesh)
+  t = _steps(config, mesh)
   params, opt = t.init_state()
   step_fn = t.train_step_fn(5)
   losses = []
@@ -80,7 +86,7 @@ def test_fsdp_parameter_sharding_equals_replicated():
 def test_fsdp_really_shards_parameters():
   c = _config()
   c.mesh.param_sharding = "fsdp"
-  t = Trainer(c, model_config(c, VOCAB), [0, 1, 2, 3, 4], 4)
+  t = _steps(c)
   kernel = t.param_shardings["bert"]["layer_0"]["intermediate"]["kernel"]
   assert kernel.spec[0] == "data"
 
@@ -88,7 +94,7 @@ def test_fsdp_really_shards_parameters():
 def test_loss_decreases_on_a_repeated_batch():
   c = _config(learning_rate=1e-3)
   mesh = sharding.make_mesh(1)
-  t = Trainer(c, model_config(c, VOCAB), [0, 1, 2, 3, 4], 4, mesh=mesh)
+  t = _steps(c, mesh)
   params, opt = t.init_state()
   step_fn = t.train_step_fn(5)
   batch = sharding.global_batch(_batch(0), mesh)
@@ -104,4 +110,4 @@ def test_batch_not_divisible_by_devices_is_rejected():
   c = _config()
   c.train.batch_size = 12
   with pytest.raises(ConfigError, match="batch_size=12"):
-    Trainer(c, model_config(c, VOCAB), [0, 1, 2, 3, 4], 4)
+    _steps(c)

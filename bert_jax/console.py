@@ -1,0 +1,37 @@
+"""What a run tells the person at the terminal: one process speaks, errors fit one line."""
+
+import os
+import re
+import sys
+
+import jax
+
+
+def log(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(msg, flush=True)
+
+
+def warn(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+  """An exception as one short line (Orbax/TensorStore messages span many)."""
+  text = " ".join(str(e).split())
+  text = text[:limit] + "..." if len(text) > limit else text
+  return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def write_reason(e: BaseException) -> str:
+  """The OS error behind a failed write (TensorStore reports it inside a long text)."""
+  seen = e
+  while seen is not None:
+    if isinstance(seen, OSError) and seen.errno:
+      return f"OSError: [Errno {seen.errno}] {os.strerror(seen.errno)}"
+    code = re.search(r"os_error_code='(\d+)'", str(seen))
+    if code:
+      return f"OSError: [Errno {code.group(1)}] {os.strerror(int(code.group(1)))}"
+    seen = seen.__cause__ or seen.__context__
+  return one_line(e)

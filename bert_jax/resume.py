@@ -1,0 +1,154 @@
+"""The checkpoint lifecycle of a run: restore the newest readable step, save, finish, abandon.
+
+`checkpointing` knows Orbax's formats; this module knows what a run needs of
+them: which step to resume from, what to do with one that cannot be read, and
+how a failed background write becomes one clear line.
+"""
+
+import dataclasses
+import os
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from bert_jax import checkpointing, console, sharding
+from bert_jax.errors import BertJaxError, CheckpointError, NonFiniteError
+from bert_jax.model import BertConfig
+from bert_jax.settings import Phase
+from bert_jax.steps import TrainSteps
+
+# May change between runs without changing the parameters.
+_FREE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "remat", "dropout_rng")
+
+
+@dataclasses.dataclass
+class RunState:
+  """Where a run is: the step about to run, the data position in its phase, the state."""
+  step: int = 0
+  position: int = 0  # global batches of the current phase consumed
+  params: Any = None
+  opt_state: Any = None
+
+
+def check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str) -> None:
+  saved = meta.get("model_config", {})
+  for k, v in bert_config.to_dict().items():
+    if k in _FREE_MODEL_FIELDS:
+      continue
+    if k in saved and saved[k] != v:
+      raise CheckpointError(
+          f"checkpoint {ckpt_dir} has model {k}={saved[k]!r} but the config asks for {v!r}; "
+          "use another --workdir or the original config")
+
+
+class RunCheckpoints:
+  """Saves and restores the checkpoints of one run in `<workdir>/checkpoints`."""
+
+  def __init__(self, ckpt_dir: str, keep: int, steps: TrainSteps, meta_base: dict):
+    self.mngr = checkpointing.manager(ckpt_dir, keep=keep)
+    self.ckpt_dir = str(self.mngr.directory)
+    self.steps, self.meta_base = steps, meta_base
+    self._saving: Optional[int] = None  # step of the checkpoint being written
+    # Replicated over the whole mesh: Orbax cannot save a single-device array
+    # when there are several processes.
+    self.rng_data = sharding.replicate(np.asarray(jax.random.key_data(steps.train_key)),
+                                       steps.mesh)
+
+  def latest_step(self) -> Optional[int]:
+    return self.mngr.latest_step()
+
+  def restore_latest(self) -> Optional[RunState]:
+    """The newest readable checkpoint's state; None if there is none.
+
+    Orbax only lists complete checkpoints (one killed mid-write is a temporary
+    folder). A complete one that cannot be read (a truncated or deleted file)
+    is renamed to corrupt-<step>, so the step can be written again, and the
+    one before it is tried.
+    """
+    while (step := self.mngr.latest_step()) is not None:
+      try:
+        return self.restore(step)
+      except CheckpointError:
+        raise  # readable but made for another model: for the user to decide
+      except Exception as e:  # pylint: disable=broad-except
+        if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e):
+          raise  # the checkpoint may be fine; the device is too small
+        moved = checkpointing.move_aside(self.mngr, step)
+        previous = self.mngr.latest_step()
+        console.warn(
+            f"warning: checkpoint {self.ckpt_dir}/{step} is unreadable ({console.one_line(e)}); "
+            f"moved it to {moved}; " + (f"falling back to step {previous}" if previous
+                                        is not None else "no older one: starting from step 0"))
+    return None
+
+  def restore(self, step: int) -> RunState:
+    # Model shape first: a mismatch should be one clear line, not an Orbax error.
+    meta = self.mngr.restore(step, args=checkpointing.ocp.args.Composite(
+        meta=checkpointing.ocp.args.JsonRestore()))["meta"]
+    check_resume_compatible(meta, self.steps.bert_config, self.ckpt_dir)
+    rng = jax.ShapeDtypeStruct(self.rng_data.shape, self.rng_data.dtype,
+                               sharding=sharding.replicated(self.steps.mesh))
+    params, opt_state, meta = checkpointing.restore_train_state(
+        self.mngr, step, self.steps.abstract_params,
+        {"opt_state": self.steps.abstract_opt_state, "rng": rng})
+    return RunState(int(meta["step"]), int(meta["data_position"]), params,
+                    opt_state["opt_state"])
+
+  def save(self, state: RunState, phase: Phase, position: int) -> None:
+    """Starts writing a checkpoint of the current step (in the background)."""
+    if not self.steps.params_finite(state.params):
+      raise NonFiniteError(
+          f"parameters at step {state.step} are NaN/inf: not writing checkpoint "
+          f"{self.ckpt_dir}/{state.step}; the newest checkpoint is step {self.latest_step()}")
+    self.finish_save()  # the previous one's error belongs to its own step
+    try:
+      checkpointing.save(self.mngr, state.step, state.params,
+                         {"opt_state": state.opt_state, "rng": self.rng_data},
+                         {**self.meta_base, "step": state.step, "phase": phase.index,
+                          "data_position": position})
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._write_error(state.step, e) from e
+    self._saving = state.step
+
+  @property
+  def saving(self) -> Optional[int]:
+    """The step of the checkpoint being written, if any."""
+    return self._saving
+
+  def finish_save(self) -> None:
+    """Waits for the checkpoint being written; a failure becomes one clear line."""
+    step, self._saving = self._saving, None
+    try:
+      self.mngr.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._write_error(step, e) from e
+
+  def close(self) -> None:
+    self.mngr.close()
+
+  def _write_error(self, step: Optional[int], e: Exception) -> CheckpointError:
+    try:
+      self.mngr.reload()  # what is on disk, not what was started
+      older = [s for s in self.mngr.all_steps() if s != step]
+    except Exception:  # pylint: disable=broad-except
+      older = []
+    return CheckpointError(
+        f"could not write checkpoint {self.ckpt_dir}/{step}: {console.write_reason(e)}; older "
+        f"checkpoints are intact (steps {older})")
+
+  def abandon(self) -> None:
+    """After an error: finish the checkpoint in flight, never hiding the error."""
+    try:
+      if self._saving is not None:
+        self.finish_save()
+    except BertJaxError as e:
+      console.warn(f"warning: {e}")
+    try:
+      self.mngr.close()
+    except Exception:  # pylint: disable=broad-except
+      pass  # e.g. the error of a save already reported
+
+
+def checkpoint_dir(workdir: str) -> str:
+  return os.path.join(workdir, "checkpoints")

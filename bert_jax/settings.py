@@ -1,0 +1,234 @@
+"""The typed boundary: an `ml_collections` config becomes frozen settings, once.
+
+`from_config` is the only code of the package that reads a ConfigDict. Every
+check of a config value lives here and fails with one line naming the
+`--config.` field and what was expected, before anything is written. Lower
+modules take the typed settings they need (`DataSettings` for data
+preparation, `OptimizerSettings` for the optimizer, a `BertConfig` for the
+model), never the whole config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+import ml_collections
+
+from bert_jax import corpus
+from bert_jax.errors import ConfigError
+from bert_jax.model import BertConfig
+
+MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] plus room to mask something
+
+
+def _fail(field: str, value: Any, expected: str) -> ConfigError:
+  return ConfigError(f"--config.{field}={value!r}: expected {expected}")
+
+
+def _is_int(v: Any) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _positive_int(field: str, v: Any) -> None:
+  if not _is_int(v) or v <= 0:
+    raise _fail(field, v, "a positive integer")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+  """What data preparation reads (`config.data`)."""
+  corpus: str = "builtin"
+  format: str = "auto"
+  vocab_file: str = ""
+  vocab_size: int = 30522
+  vocab_sample_bytes: int = 100_000_000
+  lowercase: bool = True
+  short_seq_prob: float = 0.1
+  dupe_factor: int = 5
+  eval_fraction: float = 0.05
+  max_eval_examples: int = 2048
+  max_documents: int = 0
+  cache_dir: str = ""
+
+  def __post_init__(self):
+    if not 0.0 < self.eval_fraction < 1.0:
+      raise _fail("data.eval_fraction", self.eval_fraction, "a fraction in (0, 1)")
+    if self.max_eval_examples < 0:
+      raise _fail("data.max_eval_examples", self.max_eval_examples, ">= 0 (0 = no cap)")
+    if self.dupe_factor < 1:
+      raise _fail("data.dupe_factor", self.dupe_factor, ">= 1")
+    if not 0.0 <= self.short_seq_prob <= 1.0:
+      raise _fail("data.short_seq_prob", self.short_seq_prob, "a probability in [0, 1]")
+    if self.max_documents < 0:
+      raise _fail("data.max_documents", self.max_documents, ">= 0 (0 = all)")
+    if self.format not in corpus.FORMATS:
+      raise _fail("data.format", self.format, f"one of {', '.join(corpus.FORMATS)}")
+    if self.vocab_sample_bytes < 1:
+      raise _fail("data.vocab_sample_bytes", self.vocab_sample_bytes, ">= 1")
+    if not self.vocab_file and self.vocab_size < 1:
+      raise _fail("data.vocab_size", self.vocab_size, "a positive integer")
+    if self.vocab_file and not os.path.isfile(self.vocab_file):
+      what = "is a directory" if os.path.isdir(self.vocab_file) else "does not exist or is not a file"
+      raise ConfigError(f"--config.data.vocab_file: '{self.vocab_file}' {what}; expected a "
+                        "vocab.txt file (one token per line)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingSettings:
+  """`config.masking`: the share of tokens chosen, and whole-word masking."""
+  mask_prob: float = 0.15
+  whole_word: bool = False
+
+  def __post_init__(self):
+    if not 0.0 < self.mask_prob < 1.0:
+      raise _fail("masking.mask_prob", self.mask_prob, "0 < p < 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+  """What the optimizer reads (from `config.train`)."""
+  learning_rate: float = 1e-4
+  warmup_steps: int = 10_000
+  num_steps: int = 1_000_000
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-6
+  weight_decay: float = 0.01
+  max_grad_norm: float = 1.0
+
+  def __post_init__(self):
+    _positive_int("train.num_steps", self.num_steps)
+    if self.warmup_steps < 0:
+      raise _fail("train.warmup_steps", self.warmup_steps, ">= 0")
+    if not self.learning_rate > 0:  # a negative rate climbs the loss without any error
+      raise _fail("train.learning_rate", self.learning_rate, "> 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """Steps [start, end) train at one sequence length."""
+  index: int
+  start: int  # first step (inclusive)
+  end: int  # last step (exclusive)
+  seq_len: int
+  max_predictions: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  """The rest of `config.train`: batch, accumulation, phases, the NaN/inf limit."""
+  batch_size: int
+  grad_accum_steps: int
+  max_consecutive_nonfinite: int
+  phases: tuple[Phase, ...]
+
+  @property
+  def num_steps(self) -> int:
+    return self.phases[-1].end
+
+  @property
+  def seq_lens(self) -> list[int]:
+    return sorted({ph.seq_len for ph in self.phases})
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSettings:
+  model_parallel: int = 1
+  param_sharding: str = "replicated"
+
+  def __post_init__(self):
+    _positive_int("mesh.model_parallel", self.model_parallel)
+    if self.param_sharding not in ("replicated", "fsdp"):
+      raise _fail("mesh.param_sharding", self.param_sharding, "'replicated' or 'fsdp'")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  """Bookkeeping: seed, how often to log / evaluate / checkpoint."""
+  seed: int = 0
+  log_every: int = 100
+  eval_every: int = 10_000
+  eval_batches: int = 0
+  checkpoint_every: int = 10_000
+  keep_checkpoints: int = 3
+  progress_bar: bool = True
+
+  def __post_init__(self):
+    for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+      _positive_int(name, getattr(self, name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  data: DataSettings
+  masking: MaskingSettings
+  model: BertConfig  # vocab_size is a placeholder until the vocabulary is known
+  optimizer: OptimizerSettings
+  train: TrainSettings
+  mesh: MeshSettings
+  run: RunSettings
+  config_json: str  # the whole config, stored in checkpoints for people
+
+  def model_config(self, vocab_size: int) -> BertConfig:
+    """The model of this run once the vocabulary is known."""
+    return dataclasses.replace(self.model, vocab_size=vocab_size).validate()
+
+
+def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps: int,
+           max_positions: int) -> tuple[Phase, ...]:
+  """Splits `num_steps` into phases by fraction (the last one ends at num_steps)."""
+  fractions, seq_lens, preds = tuple(fractions), tuple(seq_lens), tuple(max_predictions)
+  if not (len(fractions) == len(seq_lens) == len(preds)) or not fractions:
+    raise ConfigError(
+        "--config.train.phase_fractions, seq_lens and max_predictions: expected tuples "
+        f"of one equal length, got {fractions}, {seq_lens}, {preds}")
+  if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
+    raise _fail("train.phase_fractions", fractions, "positive fractions summing to 1")
+  for name, values in (("seq_lens", seq_lens), ("max_predictions", preds)):
+    if not all(_is_int(v) for v in values):
+      raise _fail(f"train.{name}", values, "integers, e.g. '(128,512)'")
+  out, start, acc = [], 0, 0.0
+  for i, (f, seq_len, p) in enumerate(zip(fractions, seq_lens, preds)):
+    if seq_len > max_positions:
+      raise ConfigError(
+          f"--config.train.seq_lens[{i}]={seq_len} is above "
+          f"--config.model.max_position_embeddings={max_positions}; expected at most that")
+    if seq_len < MIN_SEQ_LEN or not 0 < p <= seq_len:
+      raise ConfigError(f"--config.train.seq_lens[{i}]={seq_len}, max_predictions[{i}]={p}: "
+                        f"expected seq_len >= {MIN_SEQ_LEN} and 0 < max_predictions <= seq_len")
+    acc += f
+    end = num_steps if i == len(fractions) - 1 else int(round(acc * num_steps))
+    out.append(Phase(i, start, end, int(seq_len), int(p)))
+    start = end
+  return tuple(ph for ph in out if ph.end > ph.start)
+
+
+def _fields(cls, node: ml_collections.ConfigDict, exclude: tuple = ()) -> dict:
+  names = {f.name for f in dataclasses.fields(cls)} - set(exclude)
+  return {k: v for k, v in node.items() if k in names}
+
+
+def from_config(config: ml_collections.ConfigDict) -> Settings:
+  """Checks `config` and returns its typed settings; raises ConfigError naming the field."""
+  c = config
+  t = c.train
+  optimizer = OptimizerSettings(**_fields(OptimizerSettings, t))
+  _positive_int("train.batch_size", t.batch_size)
+  _positive_int("train.grad_accum_steps", t.grad_accum_steps)
+  _positive_int("train.max_consecutive_nonfinite", t.max_consecutive_nonfinite)
+  model = BertConfig(vocab_size=1, **_fields(BertConfig, c.model, exclude=("vocab_size",)))
+  model.validate()
+  train = TrainSettings(
+      batch_size=t.batch_size, grad_accum_steps=t.grad_accum_steps,
+      max_consecutive_nonfinite=t.max_consecutive_nonfinite,
+      phases=phases(t.phase_fractions, t.seq_lens, t.max_predictions, t.num_steps,
+                    model.max_position_embeddings))
+  run = RunSettings(**_fields(RunSettings, c))
+  return Settings(
+      data=DataSettings(**c.data.to_dict()), masking=MaskingSettings(**c.masking.to_dict()),
+      model=model, optimizer=optimizer, train=train, mesh=MeshSettings(**c.mesh.to_dict()),
+      run=run, config_json=c.to_json())
+

@@ -1,0 +1,197 @@
+"""The step maths of pre-training: sharded state, the jitted train and eval steps.
+
+Each step is jitted once per phase, with its shardings and the parameters and
+optimizer state donated. Randomness is a pure function of (seed, step):
+masking and dropout keys come from `fold_in(train_key, step)`.
+
+Shape legend: B global batch, L sequence length, P max predictions, A gradient
+accumulation steps, b = B / A micro-batch, V padded vocabulary.
+"""
+
+from typing import Any, Callable, Iterable, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from bert_jax import losses, masking, model as model_lib, optim, sharding
+from bert_jax.errors import ConfigError
+from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.pretraining_data import Batch
+from bert_jax.settings import MaskingSettings, OptimizerSettings
+
+
+class TrainSteps:
+  """The model, optimizer, shardings and compiled steps of one run."""
+
+  def __init__(self, bert_config: BertConfig, optimizer: OptimizerSettings,
+               masking_settings: MaskingSettings, special_ids: list[int], mask_id: int,
+               mesh: Mesh, param_sharding: str = "replicated", grad_accum_steps: int = 1,
+               seed: int = 0, is_continuation_V: Optional[np.ndarray] = None):
+    self.bert_config = bert_config
+    self.model = BertForPreTraining(bert_config)
+    self.tx, self.schedule = optim.make_optimizer(optimizer)
+    self.mesh = mesh
+    self.rules = sharding.logical_rules(param_sharding)
+    self.grad_accum_steps = grad_accum_steps
+    self.mask_prob = masking_settings.mask_prob
+    self.special_ids = list(special_ids)
+    self.mask_id = mask_id
+    self.is_continuation = (jnp.asarray(is_continuation_V) if masking_settings.whole_word
+                            else None)
+    self.train_key, self.eval_key = jax.random.split(jax.random.key(seed))
+    self._init_shardings()
+    self._steps: dict = {}
+
+  def _init_shardings(self):
+    boxed = model_lib.abstract_params(self.bert_config)
+    self.param_shardings = sharding.tree_shardings(boxed, self.mesh, self.rules)
+    abstract_params = nn.meta.unbox(boxed)
+    abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
+    rep = sharding.replicated(self.mesh)
+    self.opt_shardings = optax.tree_map_params(
+        self.tx, lambda _, s: s, abstract_opt, self.param_shardings,
+        transform_non_params=lambda _: rep)
+    self.abstract_params = sharding.with_shardings(abstract_params, self.param_shardings)
+    self.abstract_opt_state = sharding.with_shardings(abstract_opt, self.opt_shardings)
+
+  def init_state(self) -> tuple[Any, Any]:
+    """Fresh (params, opt_state), created directly in their shardings."""
+    init = jax.jit(lambda k: model_lib.init_params(self.bert_config, k),
+                   out_shardings=self.param_shardings)
+    params = init(jax.random.fold_in(self.train_key, 2**31 - 1))
+    opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
+    return params, opt_state
+
+  def _mask(self, key, ids_BxL, max_predictions):
+    return masking.mask_tokens(
+        key, ids_BxL, vocab_size=self.bert_config.vocab_size, mask_id=self.mask_id,
+        special_ids=self.special_ids, max_predictions=max_predictions,
+        mask_prob=self.mask_prob, is_continuation_V=self.is_continuation)
+
+  def _sums(self, params, batch: Batch, masked, dropout_key, deterministic):
+    out = self.model.apply(
+        {"params": params}, masked.ids_BxL, batch.segment_ids_BxL, batch.input_mask_BxL,
+        masked.positions_BxP, deterministic=deterministic,
+        rngs=None if deterministic else {"dropout": dropout_key})
+    return (losses.mlm_sums(out.mlm_logits_BxPxV, masked.labels_BxP, masked.weights_BxP),
+            losses.nsp_sums(out.nsp_logits_Bx2, batch.next_sentence_label_B,
+                            batch.example_mask_B))
+
+  def _grads(self, params, batch: Batch, masked, dropout_key, mlm_n, nsp_n):
+    """(loss, (mlm, nsp)), grads of the whole batch, accumulated over A micro-batches."""
+    def loss_fn(p, micro, m, k):
+      mlm, nsp = self._sums(p, micro, m, k, deterministic=False)
+      return mlm.loss / mlm_n + nsp.loss / nsp_n, (mlm, nsp)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    accum = self.grad_accum_steps
+    if accum == 1:
+      return grad_fn(params, batch, masked, dropout_key)
+    # Micro-batch i takes rows i, i+A, i+2A, ...: each device keeps its rows.
+    split = lambda x: jnp.moveaxis(x.reshape(x.shape[0] // accum, accum, *x.shape[1:]), 1, 0)
+    micro_all = jax.tree.map(split, (batch, masked))
+
+    def body(carry, xs):
+      i, (micro, m) = xs
+      (l, (mlm_i, nsp_i)), g = grad_fn(params, micro, m, jax.random.fold_in(dropout_key, i))
+      return jax.tree.map(jnp.add, carry, (l, (mlm_i, nsp_i), g)), None
+
+    zero = jax.tree.map(jnp.zeros_like, (jnp.float32(0), (
+        losses.Sums(*(jnp.float32(0),) * 3),) * 2, params))
+    (loss, (mlm, nsp), grads), _ = jax.lax.scan(body, zero, (jnp.arange(accum), micro_all))
+    return (loss, (mlm, nsp)), grads
+
+  def train_step_fn(self, max_predictions: int) -> Callable:
+    """The jitted step for one phase: (params, opt_state, step, batch) -> new state, metrics."""
+    if max_predictions in self._steps:
+      return self._steps[max_predictions]
+
+    def step_fn(params, opt_state, step, batch: Batch):
+      key = jax.random.fold_in(self.train_key, step)
+      mask_key, dropout_key = jax.random.split(key)
+      # Mask the whole batch first: the loss is normalised by the global
+      # number of predictions, so accumulated gradients equal one big batch.
+      masked = self._mask(mask_key, batch.input_ids_BxL, max_predictions)
+      mlm_n = jnp.maximum(masked.weights_BxP.sum(), 1.0)
+      nsp_n = float(batch.input_ids_BxL.shape[0])
+      (loss, (mlm, nsp)), grads = self._grads(params, batch, masked, dropout_key, mlm_n, nsp_n)
+      # A non-finite loss or gradient yields a zero update and keeps the
+      # optimizer state (optim.skip_nonfinite): the step changes nothing.
+      updates, opt_state = self.tx.update(grads, opt_state, params, loss=loss)
+      params = optax.apply_updates(params, updates)
+      ok = opt_state.streak == 0
+      good = lambda x: jnp.where(ok, x, 0.0)  # a skipped step's NaNs stay out of the averages
+      metrics = {"loss": good(loss), "mlm_loss": good(mlm.loss),
+                 "mlm_correct": good(mlm.correct), "mlm_count": good(mlm.count),
+                 "nsp_loss": good(nsp.loss), "nsp_correct": good(nsp.correct),
+                 "nsp_count": good(nsp.count), "grad_norm": good(optax.tree.norm(grads)),
+                 "learning_rate": self.schedule(step), "skipped": 1.0 - ok.astype(jnp.float32),
+                 "nonfinite_streak": opt_state.streak, "skipped_total": opt_state.skipped}
+      return params, opt_state, metrics
+
+    bs = sharding.batch_sharding(self.mesh)
+    rep = sharding.replicated(self.mesh)
+    jitted = jax.jit(step_fn, in_shardings=(self.param_shardings, self.opt_shardings, rep, bs),
+                     out_shardings=(self.param_shardings, self.opt_shardings, rep),
+                     donate_argnums=(0, 1))
+    self._steps[max_predictions] = jitted
+    return jitted
+
+  def params_finite(self, params) -> bool:
+    """True if no parameter is NaN or inf (checked before every checkpoint)."""
+    if "finite" not in self._steps:
+      self._steps["finite"] = jax.jit(lambda p: jnp.all(jnp.stack(
+          [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(p)])))
+    return bool(self._steps["finite"](params))
+
+  def eval_step_fn(self, max_predictions: int) -> Callable:
+    key = ("eval", max_predictions)
+    if key in self._steps:
+      return self._steps[key]
+    vocab = self.bert_config.padded_vocab_size
+
+    def step_fn(params, index, batch: Batch):
+      masked = self._mask(jax.random.fold_in(self.eval_key, index), batch.input_ids_BxL,
+                          max_predictions)
+      mlm, nsp = self._sums(params, batch, masked, None, deterministic=True)
+      # Label histogram: the best constant guess is the chance level to beat.
+      hist_V = jnp.zeros(vocab, jnp.float32).at[masked.labels_BxP].add(masked.weights_BxP)
+      return {"mlm_loss": mlm.loss, "mlm_correct": mlm.correct, "mlm_count": mlm.count,
+              "nsp_loss": nsp.loss, "nsp_correct": nsp.correct, "nsp_count": nsp.count,
+              "label_hist": hist_V}
+
+    bs = sharding.batch_sharding(self.mesh)
+    rep = sharding.replicated(self.mesh)
+    jitted = jax.jit(step_fn, in_shardings=(self.param_shardings, rep, bs), out_shardings=rep)
+    self._steps[key] = jitted
+    return jitted
+
+  def evaluate(self, params, batches: Iterable[Batch], max_predictions: int,
+               max_batches: int = 0) -> dict:
+    step = self.eval_step_fn(max_predictions)
+    total = None
+    for i, local in enumerate(batches):
+      if max_batches and i >= max_batches:
+        break
+      out = step(params, jnp.int32(i), sharding.global_batch(local, self.mesh))
+      total = out if total is None else jax.tree.map(jnp.add, total, out)
+    if total is None:
+      raise ConfigError("evaluation split is empty: expected at least one eval batch")
+    t = jax.device_get(total)
+    return summarize(t) | {"mlm_best_constant_accuracy":
+                           float(t["label_hist"].max() / max(t["mlm_count"], 1.0))}
+
+
+def summarize(sums: dict) -> dict:
+  """(sum, count) metrics -> means."""
+  mlm_n, nsp_n = max(float(sums["mlm_count"]), 1.0), max(float(sums["nsp_count"]), 1.0)
+  out = {"mlm_loss": float(sums["mlm_loss"]) / mlm_n,
+         "mlm_accuracy": float(sums["mlm_correct"]) / mlm_n,
+         "nsp_loss": float(sums["nsp_loss"]) / nsp_n,
+         "nsp_accuracy": float(sums["nsp_correct"]) / nsp_n}
+  out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+  return out
