@@ -216,7 +216,8 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   c = config
   t = c.train
   optimizer = OptimizerSettings(**_fields(OptimizerSettings, t))
-  _positive_int("train.batch_size", t.batch_size)
+  if not _is_int(t.batch_size) or t.batch_size <= 0:
+    raise _fail("train.batch_size", t.batch_size, "> 0")
   _positive_int("train.grad_accum_steps", t.grad_accum_steps)
   _positive_int("train.max_consecutive_nonfinite", t.max_consecutive_nonfinite)
   model = BertConfig(vocab_size=1, **_fields(BertConfig, c.model, exclude=("vocab_size",)))
