@@ -20,6 +20,10 @@ def is_record(obj: Any) -> bool:
                   for k, v in obj.items() if k not in ("step", "split")))
 
 
+# How `write` starts every line (json.dumps of a dict whose first key is "split").
+_OWN_PREFIX = '{"split": "'
+
+
 class Reporter:
 
   def __init__(self, workdir: str):
@@ -65,6 +69,8 @@ class Reporter:
         try:
           record = json.loads(line)
         except ValueError:
+          if line.startswith(_OWN_PREFIX):
+            continue  # our own record cut short by a killed run: logged again on resume
           record = None
         if is_record(record):
           out.append(record)
@@ -78,7 +84,9 @@ class Reporter:
 
     Lines that are not records stay where they are (a note someone appended
     is not ours to delete); one without its final newline gets one, so the
-    next record starts on a line of its own.
+    next record starts on a line of its own. Only a record of ours cut short
+    by a killed run (it starts as `write` starts a line, but is not JSON) is
+    dropped: the resumed run logs it again.
     """
     if not self.active:
       return

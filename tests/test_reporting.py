@@ -25,7 +25,7 @@ FOREIGN = [
     b'[1, 2, 3]\n',  # JSON, not an object
     b'{"split": "train", "step": 3, "loss": "high"}\n',  # a metric that is not a number
     b'\xff\xfe not utf-8 \x80\n',  # bytes that are not UTF-8
-    b'{"split": "train", "st',  # cut short, no newline
+    b'{"step": 3, "split": "tr',  # not JSON (cut short), but not as `write` starts a line
 ]
 
 
@@ -78,3 +78,15 @@ def test_is_record():
   assert is_record({"split": "eval", "step": 0, "loss": float("nan"), "n": 3})
   assert not is_record({"split": "eval", "step": 0.0})
   assert not is_record(None) and not is_record("x")
+
+
+def test_our_own_record_cut_short_by_a_kill_is_dropped_silently(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  _write(path, _records(1, 2) + b'{"split": "train", "step": 3, "lo')  # killed mid-write
+  r = Reporter(str(tmp_path))
+  assert [row["step"] for row in r.history(10)] == [1, 2] and r.skipped_lines == 0
+  r.truncate(2)
+  assert path.read_bytes() == _records(1, 2)
+  # Appended to without a truncate in between: the merged line is still ours.
+  _write(path, _records(1) + b'{"split": "train", "st' + _records(2) + b"a note\n")
+  assert [row["step"] for row in r.history(10)] == [1] and r.skipped_lines == 1
