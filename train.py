@@ -99,7 +99,8 @@ def main(argv):
     explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     if FLAGS.jax_distributed or any(v is not None for v in explicit):
       from bert_jax import sharding
-      sharding.initialize_distributed(*explicit, initialization_timeout=FLAGS.distributed_timeout)
+      sharding.initialize_distributed(*explicit,
+                                      initialization_timeout=FLAGS.distributed_timeout)
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except Preempted as e:  # SIGTERM/SIGINT during training: checkpointed, resumable
     _last_line(f"interrupted: {e}")

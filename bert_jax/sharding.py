@@ -86,8 +86,9 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
 
   threading.Thread(target=give_up, name="bert_jax-distributed-timeout", daemon=True).start()
   try:
-    jax.distributed.initialize(coordinator_address, num_processes, process_id,
-                               initialization_timeout=initialization_timeout + _JAX_TIMEOUT_MARGIN_S)
+    jax.distributed.initialize(
+        coordinator_address, num_processes, process_id,
+        initialization_timeout=initialization_timeout + _JAX_TIMEOUT_MARGIN_S)
   except (RuntimeError, ValueError, TypeError) as e:  # JaxRuntimeError is a RuntimeError
     raise ConfigError(f"{who}: jax.distributed.initialize failed "
                       f"({' '.join(str(e).split())[:300]}); expected a reachable coordinator "

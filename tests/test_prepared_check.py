@@ -69,7 +69,8 @@ def test_preparation_records_every_file_and_its_size(plain, cache):
   seq_dir = os.path.join(prepared.directory, "seq16")
   with open(os.path.join(seq_dir, dataset.INFO_FILE)) as f:
     info = json.load(f)
-  assert sorted(info["files"]) == sorted(n for n in os.listdir(seq_dir) if n.endswith(".array_record"))
+  shards = [n for n in os.listdir(seq_dir) if n.endswith(".array_record")]
+  assert sorted(info["files"]) == sorted(shards)
   for name, size in info["files"].items():
     assert os.path.getsize(os.path.join(seq_dir, name)) == size
   assert dataset.check_seq_dir(seq_dir) is None
