@@ -129,11 +129,22 @@ def restore_params(path: str, step: Optional[int] = None,
             f"checkpoint {root}/{step} is incomplete or unreadable ({_reason(e)}); expected a "
             f"complete checkpoint: pass another step (have {sorted(steps)}) or none for the "
             "newest complete one") from None
-    skipped = []
-    for s in steps:
+    skipped, tried, rotations = [], set(), 0
+    while True:
+      s = next((s for s in steps if s not in tried), None)
+      if s is None:
+        break
+      tried.add(s)
       try:
         out = _restore_params_step(mngr, root, s, sharding)
       except _DAMAGE as e:
+        if not os.path.isdir(os.path.join(root, str(s))) and rotations < _MAX_ROTATIONS:
+          # Deleted meanwhile by a run's max_to_keep (a newer step replaced it), not
+          # damaged: list the steps again.
+          rotations += 1
+          mngr.reload()
+          steps = sorted(mngr.all_steps(), reverse=True)
+          continue
         skipped.append(f"{root}/{s} ({_reason(e)})")
         continue
       if skipped:
@@ -146,6 +157,8 @@ def restore_params(path: str, step: Optional[int] = None,
   finally:
     mngr.close()
 
+
+_MAX_ROTATIONS = 5  # steps a reader lets a writing run rotate away before giving up
 
 # What a step's own damaged files raise: missing items (KeyError) or files
 # (FileNotFoundError, OSError), undecodable JSON or array data (ValueError,

@@ -169,3 +169,28 @@ def test_in_process_clis_agree(workdir, tmp_path, capsys):
                         str(tmp_path / "f.npy"), "--step", str(NEWEST)]) == 2
   err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
   assert len(err) == 1 and err[0].startswith("error:") and "missing item" in err[0]
+
+
+def test_a_step_rotated_away_by_a_writing_run_is_not_reported(workdir, tmp_path, capsys,
+                                                              monkeypatch):
+  """The run's max_to_keep deletes the step being read after it wrote a newer one:
+  the reader lists the steps again and reads the newest, without a warning."""
+  wd = str(tmp_path / "run")
+  shutil.copytree(workdir, wd)
+  ckpts = os.path.join(wd, "checkpoints")
+  real = checkpointing._restore_params_step
+  calls = []
+
+  def rotated_while_reading(mngr, root, step, sharding):
+    calls.append(step)
+    if step == NEWEST and not os.path.exists(os.path.join(ckpts, "8")):
+      shutil.copytree(os.path.join(ckpts, str(NEWEST)), os.path.join(ckpts, "8"))
+      shutil.rmtree(os.path.join(ckpts, str(NEWEST)))
+      raise FileNotFoundError(os.path.join(ckpts, str(NEWEST), "params"))
+    return real(mngr, root, step, sharding)
+
+  monkeypatch.setattr(checkpointing, "_restore_params_step", rotated_while_reading)
+  params, meta = checkpointing.restore_params(wd)
+  assert calls == [NEWEST, 8] and meta["step"] == NEWEST  # 8 is a copy of step 5's files
+  assert capsys.readouterr().err == ""
+  assert os.path.isdir(os.path.join(ckpts, "8"))
