@@ -58,6 +58,9 @@ def hold(workdir: str, process_index: int = 0) -> Iterator[dict]:
   """
   workdir = os.path.abspath(workdir)
   made = not os.path.exists(workdir)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ConfigError(f"--workdir {workdir} is not a directory; expected a directory (or a "
+                      "path where one can be made)")
   try:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:

@@ -148,3 +148,12 @@ def _open_fds_for(path: str) -> int:
     except OSError:
       continue
   raise AssertionError(f"no open descriptor for {path}")
+
+
+def test_a_workdir_that_is_a_file_is_one_config_error(tmp_path):
+  path = tmp_path / "workdir.txt"
+  path.write_text("notes\n")
+  with pytest.raises(ConfigError, match="not a directory"):
+    with workdir_lock.hold(str(path), 0):
+      pass  # pragma: no cover
+  assert path.read_text() == "notes\n"
