@@ -9,6 +9,7 @@ any number of devices.
 """
 
 import os
+import sys
 from typing import Any, Optional
 
 import jax
@@ -99,31 +100,99 @@ def restore_params(path: str, step: Optional[int] = None,
   `path` is a workdir, its checkpoints/ folder or a step folder; the newest
   step unless one is given. Arrays land on `sharding` (default: the first
   local device), whatever device layout the checkpoint was written with.
+
+  With no step given, a step whose own files are damaged (params missing,
+  meta unreadable, data that does not decode) is skipped with one `warning:`
+  line on stderr naming it, and the newest complete one is read; nothing is
+  moved or deleted. A given step that is damaged, or no readable step at
+  all, is a one-line CheckpointError. A run writing the workdir meanwhile is
+  no problem: Orbax lists a step only once it is complete (its temporary
+  `<step>.orbax-checkpoint-tmp-*` folder is never listed, and is left alone).
   """
   root, step_in_path = _checkpoint_root(path)
   mngr = ocp.CheckpointManager(root, item_handlers=_handlers())
   try:
     step = step if step is not None else step_in_path
-    step = mngr.latest_step() if step is None else step
-    if step is None or step not in mngr.all_steps():
-      steps = list(mngr.all_steps())
+    steps = sorted(mngr.all_steps(), reverse=True)
+    if step is None and not steps or step is not None and step not in steps:
       raise CheckpointError(
-          f"checkpoint {root}: no step{'' if step is None else f' {step}'} found (have {steps}); "
+          f"checkpoint {root}: no step{'' if step is None else f' {step}'} found "
+          f"(have {sorted(steps)}); "
           + ("expected one of them" if steps else
              "expected a checkpoint written by train.py or bert_jax.convert"))
-    tree = mngr.item_metadata(step)["params"]
-    tree = getattr(tree, "tree", tree)
-    if tree is None:
-      raise CheckpointError(f"checkpoint {root}/{step}: no readable params item")
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
-        tree, is_leaf=lambda m: hasattr(m, "shape"))
-    out = mngr.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    if step is not None:
+      try:
+        return _restore_params_step(mngr, root, step, sharding)
+      except _DAMAGE as e:
+        raise CheckpointError(
+            f"checkpoint {root}/{step} is incomplete or unreadable ({_reason(e)}); expected a "
+            f"complete checkpoint: pass another step (have {sorted(steps)}) or none for the "
+            "newest complete one") from None
+    skipped, tried, rotations = [], set(), 0
+    while True:
+      s = next((s for s in steps if s not in tried), None)
+      if s is None:
+        break
+      tried.add(s)
+      try:
+        out = _restore_params_step(mngr, root, s, sharding)
+      except _DAMAGE as e:
+        if not os.path.isdir(os.path.join(root, str(s))) and rotations < _MAX_ROTATIONS:
+          # Deleted meanwhile by a run's max_to_keep (a newer step replaced it), not
+          # damaged: list the steps again.
+          rotations += 1
+          mngr.reload()
+          steps = sorted(mngr.all_steps(), reverse=True)
+          continue
+        skipped.append(f"{root}/{s} ({_reason(e)})")
+        continue
+      if skipped:
+        print(f"warning: skipped incomplete or unreadable checkpoint {'; '.join(skipped)}; "
+              f"using step {s}, the newest complete one",
+              file=sys.stderr, flush=True)
+      return out
+    raise CheckpointError(f"checkpoint {root}: no step is complete and readable: "
+                          f"{'; '.join(skipped)}; expected at least one complete checkpoint")
   finally:
     mngr.close()
+
+
+_MAX_ROTATIONS = 5  # steps a reader lets a writing run rotate away before giving up
+
+# What a step's own damaged files raise: missing items (KeyError) or files
+# (FileNotFoundError, OSError), undecodable JSON or array data (ValueError,
+# TensorStore's DATA_LOSS included), and our own checks (CheckpointError).
+_DAMAGE = (KeyError, OSError, ValueError, CheckpointError)
+
+
+def _restore_params_step(mngr: ocp.CheckpointManager, root: str, step: int,
+                         sharding: jax.sharding.Sharding) -> tuple[Any, dict]:
+  tree = mngr.item_metadata(step)["params"]
+  tree = getattr(tree, "tree", tree)
+  if tree is None:
+    raise CheckpointError(f"checkpoint {root}/{step}: no readable params item")
+  abstract = jax.tree.map(
+      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
+      tree, is_leaf=lambda m: hasattr(m, "shape"))
+  out = mngr.restore(step, args=ocp.args.Composite(
+      params=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+  if not isinstance(out["meta"], dict):
+    raise CheckpointError(f"checkpoint {root}/{step}: meta is a {type(out['meta']).__name__}, "
+                          "not a JSON object")
   return out["params"], out["meta"]
+
+
+def _reason(e: BaseException) -> str:
+  """An exception as a short single line for a warning or an error."""
+  if isinstance(e, CheckpointError):
+    text = str(e).rpartition(": ")[2]
+  elif isinstance(e, KeyError):
+    text = f"missing item: {e.args[0] if e.args else e}"
+  else:
+    text = f"{type(e).__name__}: {e}"
+  text = " ".join(text.split())
+  return text if len(text) <= 160 else text[:157] + "..."
 
 
 def save_params(directory: str, step: int, params: Any, meta: dict) -> str:

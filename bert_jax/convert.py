@@ -309,6 +309,8 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], config: Any, *, source: 
           f"{source}: tensor {t.hf!r} has shape {tuple(np.shape(canon[t.hf]))}; the config "
           f"expects {t.hf_shape}")
 
+  _warn_non_finite(canon, source)
+
   abstract = _abstract_params(config)
   fresh = _init_missing(config, abstract, [t.path for t in spec if t.hf not in canon], seed)
   params: dict = {}
@@ -318,6 +320,32 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], config: Any, *, source: 
     else:
       _set(params, t.path, fresh[t.path])
   return params, ImportReport(groups, sorted(ignored))
+
+
+def non_finite_tensors(state: Mapping[str, Any]) -> list[str]:
+  """Names of the tensors holding a NaN or an infinity, in name order."""
+  bad = []
+  for name in sorted(state):
+    array = np.asarray(state[name])
+    if array.dtype.kind in "biu":
+      continue
+    try:
+      finite = np.isfinite(array).all()
+    except TypeError:  # a float type numpy's isfinite does not know (e.g. bfloat16)
+      finite = np.isfinite(array.astype(np.float32)).all()
+    if not finite:
+      bad.append(name)
+  return bad
+
+
+def _warn_non_finite(state: Mapping[str, Any], source: str, shown: int = 5) -> None:
+  """One `warning:` line naming the imported tensors that hold NaN/inf (import goes on)."""
+  bad = non_finite_tensors(state)
+  if bad:
+    names = ", ".join(bad[:shown]) + (f" and {len(bad) - shown} more" if len(bad) > shown else "")
+    print(f"warning: {source}: {len(bad)} tensor(s) hold NaN or inf values: {names}; "
+          "training from them stops at its first step, and features from them are not finite",
+          file=sys.stderr, flush=True)
 
 
 def params_to_hf_state(params: Mapping, config: Any) -> dict[str, np.ndarray]:

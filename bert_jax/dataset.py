@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import itertools
 import json
@@ -59,7 +60,7 @@ import numpy as np
 
 from bert_jax import corpus
 from bert_jax import pretraining_data
-from bert_jax.errors import ConfigError, CorpusError
+from bert_jax.errors import BertJaxError, ConfigError, CorpusError
 from bert_jax.tokenizer import VOCAB_FILE, Tokenizer
 
 if TYPE_CHECKING:  # settings imports the model (JAX); data code does not
@@ -71,6 +72,7 @@ TOKENIZER_DIR = "tokenizer"
 SETTINGS_FILE = "settings.json"
 STATS_FILE = "stats.json"
 INFO_FILE = "info.json"
+MANIFEST_FILE = "manifest.json"  # byte sizes of the top-level files, written last
 MIN_DOCS_PER_SPLIT = 2  # NotNext takes its B from another document of the split
 SPLIT_BLOCK_DOCUMENTS = 1000  # train/eval are drawn per block of documents
 SPLIT_BLOCK_CHARS = 32 << 20
@@ -134,17 +136,20 @@ def _prepare_fresh(c, settings: dict, cache_dir: str, directory: str, key: str,
   staging = os.path.join(cache_dir, f".{key}.tmp-{_owner()}")
   made_cache_dir = not os.path.exists(cache_dir)
   try:
-    os.makedirs(staging)
-    tokenizer = make_tokenizer(c, seed)
-    stats = _write_examples(c, tokenizer, {l: _seq_dir(staging, l) for l in seq_lens}, seed)
-    _write_json(os.path.join(staging, STATS_FILE), stats)
-    _write_json(os.path.join(staging, SETTINGS_FILE), settings)
-    tokenizer.save(os.path.join(staging, TOKENIZER_DIR))
-    try:
-      os.rename(staging, directory)  # atomic: the whole preparation appears at once
-    except OSError:
-      if not _is_complete(directory):  # not another process's finished copy
-        raise
+    with _writable(cache_dir):
+      os.makedirs(staging)
+      tokenizer = make_tokenizer(c, seed)
+      stats = _write_examples(c, tokenizer, {l: _seq_dir(staging, l) for l in seq_lens}, seed)
+      _write_json(os.path.join(staging, STATS_FILE), stats)
+      _write_json(os.path.join(staging, SETTINGS_FILE), settings)
+      tokenizer.save(os.path.join(staging, TOKENIZER_DIR))
+      _check_corpus_unchanged(c, settings["corpus"])
+      _write_manifest(staging)
+      try:
+        os.rename(staging, directory)  # atomic: the whole preparation appears at once
+      except OSError:
+        if not _is_complete(directory, repair=False):  # not another process's finished copy
+          raise
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     if made_cache_dir:  # a failed run leaves no trace, not even an empty folder
@@ -158,19 +163,185 @@ def _prepare_fresh(c, settings: dict, cache_dir: str, directory: str, key: str,
 def _add_seq_lens(c, directory: str, seq_lens: list[int], seed: int) -> None:
   """Adds seq_lens to a complete preparation, with its stored tokenizer."""
   tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER_DIR))
+  with open(os.path.join(directory, SETTINGS_FILE), encoding="utf-8") as f:
+    started_from = json.load(f)["corpus"]  # what the preparation's key was made from
   stagings = {l: os.path.join(directory, f".seq{l}.tmp-{_owner()}") for l in seq_lens}
   try:
-    _write_examples(c, tokenizer, stagings, seed)
-    for l, staging in stagings.items():
-      os.rename(staging, _seq_dir(directory, l))
+    with _writable(os.path.dirname(directory)):
+      _write_examples(c, tokenizer, stagings, seed)
+      _check_corpus_unchanged(c, started_from)
+      for l, staging in stagings.items():
+        os.rename(staging, _seq_dir(directory, l))
   finally:
     for staging in stagings.values():
       shutil.rmtree(staging, ignore_errors=True)
 
 
-def _is_complete(directory: str) -> bool:
-  return (os.path.isfile(os.path.join(directory, TOKENIZER_DIR, VOCAB_FILE))
-          and os.path.isfile(os.path.join(directory, SETTINGS_FILE)))
+def _is_complete(directory: str, repair: bool = True) -> bool:
+  """Whether `directory` holds a complete preparation whose files are as recorded.
+
+  Checks presence and byte size of every file MANIFEST_FILE lists (settings,
+  tokenizer), and of every `seq<L>/` folder's info.json and shards (see
+  `check_seq_dir`): stats only, cheap enough for every start. With `repair`,
+  what fails is removed with one `warning:` line naming the file, to be
+  prepared again: the whole preparation when its top-level files fail (a
+  folder of an older version, without a manifest, included), else only the
+  failing `seq<L>/` folder. A folder that cannot be removed (read-only) is
+  one ConfigError line.
+  """
+  if not os.path.isdir(directory):
+    return False
+  problem = _check_manifest(directory)
+  if problem is not None:
+    if repair:
+      _warn(f"prepared data {problem}; preparing it again")
+      _remove(directory, problem)
+    return False
+  if repair:
+    for name in sorted(os.listdir(directory)):
+      if name.startswith("seq") and name[3:].isdigit():
+        problem = check_seq_dir(os.path.join(directory, name))
+        if problem is not None:
+          _warn(f"prepared data {problem}; preparing seq_len {name[3:]} again")
+          _remove(os.path.join(directory, name), problem)
+  return True
+
+
+class PreparedDataError(BertJaxError):
+  """A prepared-data folder whose files are not what its preparation recorded."""
+
+
+def _manifest(directory: str, names: Sequence[str]) -> dict[str, int]:
+  return {name: os.path.getsize(os.path.join(directory, name)) for name in names}
+
+
+def _write_manifest(directory: str) -> None:
+  """MANIFEST_FILE: the byte size of each top-level file a reader trusts."""
+  names = [SETTINGS_FILE, STATS_FILE] + sorted(
+      f"{TOKENIZER_DIR}/{n}" for n in os.listdir(os.path.join(directory, TOKENIZER_DIR)))
+  _write_json(os.path.join(directory, MANIFEST_FILE),
+              {"files": _manifest(directory, names)})
+
+
+def _check_files(directory: str, recorded: Any) -> str | None:
+  """The first recorded file that is missing or of another size, as '<path>: what'."""
+  if not isinstance(recorded, dict) or not recorded:
+    return "its file list is empty or not a JSON object"
+  for name, size in sorted(recorded.items()):
+    path = os.path.join(directory, name)
+    try:
+      found = os.stat(path).st_size
+    except FileNotFoundError:
+      return f"{path}: missing (recorded {size} bytes)"
+    except OSError as e:
+      return f"{path}: unreadable ({e.strerror})"
+    if found != size:
+      return f"{path}: {found} bytes, but its preparation recorded {size}"
+  return None
+
+
+def _read_json_object(path: str) -> tuple[dict | None, str | None]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      obj = json.load(f)
+  except FileNotFoundError:
+    return None, f"{path}: missing"
+  except (OSError, ValueError) as e:
+    return None, f"{path}: unreadable ({type(e).__name__})"
+  if not isinstance(obj, dict):
+    return None, f"{path}: not a JSON object"
+  return obj, None
+
+
+def _check_manifest(directory: str) -> str | None:
+  path = os.path.join(directory, MANIFEST_FILE)
+  if not os.path.exists(path):
+    return f"{path}: missing (a folder of an older bert-jax or an unfinished one)"
+  manifest, problem = _read_json_object(path)
+  if problem is not None:
+    return problem
+  problem = _check_files(directory, manifest.get("files"))
+  return problem and (problem if problem.startswith(directory) else f"{path}: {problem}")
+
+
+def check_seq_dir(seq_dir: str) -> str | None:
+  """None if `seq<L>/`'s info.json and every shard it lists are there with their
+  recorded sizes; else the first problem, '<path>: what'."""
+  path = os.path.join(seq_dir, INFO_FILE)
+  info, problem = _read_json_object(path)
+  if problem is not None:
+    return problem
+  if "files" not in info:
+    return f"{path}: lists no file sizes (made by an older bert-jax)"
+  try:
+    shards = {s: len(info["shards"][s]) for s in ("train", "eval")}
+  except (KeyError, TypeError):
+    return f"{path}: no shard counts for train and eval"
+  expected = {os.path.basename(shard_path(os.path.join(seq_dir, s), i))
+              for s, n in shards.items() for i in range(n)}
+  if not isinstance(info["files"], dict) or set(info["files"]) != expected:
+    return f"{path}: its file list does not match its shard counts"
+  problem = _check_files(seq_dir, info["files"])
+  return problem and (problem if problem.startswith(seq_dir) else f"{path}: {problem}")
+
+
+def _warn(message: str) -> None:
+  print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _remove(path: str, problem: str) -> None:
+  with _writable(os.path.dirname(path), f"to prepare again what failed its check: {problem}"):
+    shutil.rmtree(path)
+
+
+_CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def _writable(where: str, purpose: str = "") -> Iterator[None]:
+  """An OSError of the storage under `where` (read-only, permission, full) -> one
+  ConfigError line naming config.data.cache_dir."""
+  try:
+    yield
+  except OSError as e:
+    inside = e.filename is None or os.path.abspath(str(e.filename)).startswith(
+        os.path.abspath(where))
+    if e.errno not in _CANNOT_WRITE or not inside:
+      raise
+    raise ConfigError(
+        f"config.data.cache_dir: cannot write prepared data in {where} ({e.strerror}"
+        f"{': ' + str(e.filename) if e.filename else ''}){' ' + purpose if purpose else ''}; "
+        "expected a writable folder with free space: pass another --config.data.cache_dir "
+        "(default <workdir>/prepared) or fix its permissions") from None
+
+
+def _check_corpus_unchanged(c, started_from: Any) -> None:
+  """A corpus file that changed while it was read must not be cached as complete."""
+  now = corpus.fingerprint(c.corpus)
+  if now == started_from:
+    return
+  before = {f["file"]: f for f in _fingerprint_files(started_from)}
+  after = {f["file"]: f for f in _fingerprint_files(now)}
+  for path in sorted(set(before) | set(after)):
+    a, b = before.get(path), after.get(path)
+    if a == b:
+      continue
+    what = ("appeared" if a is None else "disappeared" if b is None else
+            f"size {a['size']} -> {b['size']} bytes" if a["size"] != b["size"] else
+            "modification time changed")
+    raise CorpusError(f"corpus file '{path}' changed while it was being prepared ({what}); "
+                      "expected it unchanged until preparation ends: nothing was cached, "
+                      "rerun once it is complete")
+  raise CorpusError(f"corpus '{c.corpus}' changed while it was being prepared; expected it "
+                    "unchanged until preparation ends: nothing was cached, rerun")
+
+
+def _fingerprint_files(fp: Any) -> list[dict]:
+  if isinstance(fp, dict) and "file" in fp:
+    return [fp]
+  if isinstance(fp, dict) and isinstance(fp.get("files"), list):
+    return fp["files"]
+  return []
 
 
 def _seq_dir(directory: str, seq_len: int) -> str:
@@ -462,6 +633,7 @@ def _write_examples(c: DataSettings, tokenizer: Tokenizer,
     _write_json(os.path.join(out_dirs[l], INFO_FILE), {
         "seq_len": l, "dtype": dtype.name, "train": n["train"], "eval": n["eval"],
         "shards": {s: writers[(l, s)].shards for s in ("train", "eval")},
+        "files": {**writers[(l, "train")].files(), **writers[(l, "eval")].files()},
         "record": "[n_a, n, label, input_ids[seq_len]]"})
   stats = {**corpus_stats.to_dict(), **counts, "seconds": round(seconds, 3),
            "tokens_per_second": round(counts["tokens"] / max(seconds, 1e-9)),
@@ -531,6 +703,11 @@ class _RecordWriter:
       self._writer.close()
       self._writer = None
 
+  def files(self) -> dict[str, int]:
+    """{shard file name: byte size} of the closed shards (recorded in info.json)."""
+    paths = [shard_path(self.prefix, i) for i in range(len(self.shards))]
+    return {os.path.basename(p): os.path.getsize(p) for p in paths}
+
 
 def shard_path(prefix: str, shard: int) -> str:
   return f"{prefix}.{shard:05d}.array_record"
@@ -557,8 +734,17 @@ class _Progress:
 
 
 def open_split(directory: str, seq_len: int, split: str) -> ExampleSource:
-  """The stored examples of one split at one seq_len (a complete preparation)."""
+  """The stored examples of one split at one seq_len (a complete preparation).
+
+  Its info.json and shards are checked first (presence and recorded sizes):
+  a mismatch is one PreparedDataError line naming the file.
+  """
   seq_dir = _seq_dir(directory, seq_len)
+  problem = check_seq_dir(seq_dir)
+  if problem is not None:
+    raise PreparedDataError(f"prepared data {problem}; expected the files its preparation "
+                            f"recorded: rerun (dataset.prepare prepares a damaged seq_len "
+                            f"again) or delete {seq_dir}")
   with open(os.path.join(seq_dir, INFO_FILE), encoding="utf-8") as f:
     info = json.load(f)
   prefix = os.path.join(seq_dir, split)

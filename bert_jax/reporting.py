@@ -5,9 +5,23 @@ resumed run shows the whole run.
 """
 
 import json
+import numbers
 import os
+from typing import Any, Optional
 
 import jax
+
+
+def is_record(obj: Any) -> bool:
+  """A metrics record: a JSON object with an int `step`, a str `split`, numeric metrics."""
+  return (isinstance(obj, dict) and type(obj.get("step")) is int
+          and isinstance(obj.get("split"), str)
+          and all(isinstance(v, numbers.Real) and not isinstance(v, bool)
+                  for k, v in obj.items() if k not in ("step", "split")))
+
+
+# How `write` starts every line (json.dumps of a dict whose first key is "split").
+_OWN_PREFIX = '{"split": "'
 
 
 class Reporter:
@@ -20,6 +34,7 @@ class Reporter:
     # resuming with another model size) leaves no new events file behind.
     self._tensorboard_dir = os.path.join(workdir, "tensorboard")
     self._writer = None
+    self.skipped_lines = 0  # lines of metrics.jsonl that the last read skipped
 
   def write(self, split: str, step: int, metrics: dict) -> None:
     if not self.active:
@@ -34,26 +49,66 @@ class Reporter:
       f.write(json.dumps({"split": split, "step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
 
   def history(self, max_step: int) -> list[dict]:
-    """Records up to `max_step` (a resumed run drops what it will redo)."""
+    """Records up to `max_step` (a resumed run drops what it will redo).
+
+    A line that is not a metrics record (see `is_record`: a note someone
+    appended, a line cut short by a killed run) is skipped and counted in
+    `self.skipped_lines`, for the caller to warn about once.
+    """
+    return [r for r in self._read() if isinstance(r, dict) and r["step"] <= max_step]
+
+  def _read(self) -> list:
+    """Every line in file order: a record as a dict, anything else as its raw text."""
+    self.skipped_lines = 0
     if not os.path.exists(self.history_path):
       return []
-    rows = []
-    with open(self.history_path) as f:
+    out = []
+    # surrogateescape: a line of any bytes is skipped (and kept by truncate), never an error.
+    with open(self.history_path, encoding="utf-8", errors="surrogateescape", newline="\n") as f:
       for line in f:
         try:
-          rows.append(json.loads(line))
+          record = json.loads(line)
         except ValueError:
-          pass  # a line cut short by a killed run (it is logged again on resume)
-    return [r for r in rows if r["step"] <= max_step]
+          if line.startswith(_OWN_PREFIX):
+            continue  # our own record cut short by a killed run: logged again on resume
+          record = None
+        if is_record(record):
+          out.append(record)
+        else:
+          out.append(line)
+          self.skipped_lines += bool(line.strip())
+    return out
 
   def truncate(self, max_step: int) -> None:
-    """After a resume from `max_step`, forget records logged past it."""
-    if self.active:
-      rows = self.history(max_step)
-      tmp = self.history_path + ".tmp"
-      with open(tmp, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-      os.replace(tmp, self.history_path)
+    """After a resume from `max_step`, forget records logged past it.
+
+    Lines that are not records stay where they are (a note someone appended
+    is not ours to delete); one without its final newline gets one, so the
+    next record starts on a line of its own. Only a record of ours cut short
+    by a killed run (it starts as `write` starts a line, but is not JSON) is
+    dropped: the resumed run logs it again.
+    """
+    if not self.active:
+      return
+    kept = []
+    for line in self._read():
+      if isinstance(line, dict):
+        if line["step"] <= max_step:
+          kept.append(json.dumps(line) + "\n")
+      elif line.strip():
+        kept.append(line if line.endswith("\n") else line + "\n")
+    tmp = self.history_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+      f.writelines(kept)
+    os.replace(tmp, self.history_path)
+
+  def skipped_warning(self) -> Optional[str]:
+    """One `warning:` line about the last read's skipped lines, or None."""
+    if not self.skipped_lines:
+      return None
+    return (f"warning: {self.history_path}: skipped {self.skipped_lines} line(s) that are not "
+            "metrics records (expected JSON objects with an integer \"step\" and a string "
+            "\"split\"); they are kept in the file but not plotted")
 
   def plot(self, max_step: int) -> str:
     if not self.active:

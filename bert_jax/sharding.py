@@ -5,6 +5,13 @@ is (data, model) over every device of every host; data parallel by default,
 parameters optionally sharded over the data axis too ('fsdp').
 """
 
+import contextlib
+import errno
+import os
+import socket
+import sys
+import threading
+import time
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -17,15 +24,30 @@ from bert_jax.errors import ConfigError
 DATA, MODEL = "data", "model"
 
 
+DEFAULT_DISTRIBUTED_TIMEOUT_S = 120
+
+
 def initialize_distributed(coordinator_address: Optional[str] = None,
                            num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None) -> None:
+                           process_id: Optional[int] = None,
+                           initialization_timeout: int = DEFAULT_DISTRIBUTED_TIMEOUT_S) -> None:
   """Joins this process to a multi-process JAX run; call before any JAX computation.
 
   With no arguments the cluster is auto-detected (TPU pods, Slurm, Open MPI).
   Otherwise all three are needed, e.g. ('127.0.0.1:12345', 2, i) for two local
   processes; process 0 hosts the coordinator at that address.
+
+  What can be checked first is (one ConfigError line each): the id is in
+  range; on process 0, the coordinator port is free; on the others, something
+  listens at the address within `initialization_timeout` seconds. Joining
+  itself is bounded by `initialization_timeout` too: if the run has not
+  assembled by then (a process missing, two given the same id), this process
+  prints one `error:` line and exits 2 (JAX would otherwise abort with a C++
+  stack trace, or wait for minutes).
   """
+  if initialization_timeout is None or not 0 < initialization_timeout <= 86400:
+    raise ConfigError(f"--distributed_timeout={initialization_timeout}: expected seconds in "
+                      "(0, 86400]")
   explicit = (coordinator_address, num_processes, process_id)
   if any(v is not None for v in explicit):
     if any(v is None for v in explicit):
@@ -35,12 +57,96 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
     if num_processes < 1 or not 0 <= process_id < num_processes:
       raise ConfigError(f"--process_id={process_id}: expected 0 <= process_id < "
                         f"--num_processes={num_processes}")
+    host, port = _split_address(coordinator_address)
+    if process_id == 0:
+      _check_port_free(host, port, coordinator_address)
+    else:
+      _wait_for_coordinator(host, port, coordinator_address, process_id, initialization_timeout)
   # CPU processes need a cross-process collective implementation, or every
   # cross-host all-reduce fails; gloo ships with jaxlib (the default in recent
   # jax, set explicitly so an older default of "none" cannot break it). It
   # only affects the CPU backend, so TPU and GPU runs are unchanged.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address, num_processes, process_id)
+  who = (f"process {process_id} of {num_processes} at --coordinator_address="
+         f"{coordinator_address}" if process_id is not None else "this process (auto-detected)")
+  done = threading.Event()
+
+  def give_up() -> None:  # JAX's own timeout ends in a C++ abort: end first, in one line
+    if not done.wait(initialization_timeout):
+      for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+          stream.flush()
+      os.write(2, (f"error: {who}: the processes did not all join within "
+                   f"--distributed_timeout={initialization_timeout} s; expected "
+                   + (f"{num_processes} processes with --process_id 0..{num_processes - 1}, "
+                      "each id once, all with the same --coordinator_address and "
+                      "--num_processes" if num_processes else "every process of the cluster")
+                   + "\n").encode())
+      os._exit(2)
+
+  threading.Thread(target=give_up, name="bert_jax-distributed-timeout", daemon=True).start()
+  try:
+    jax.distributed.initialize(
+        coordinator_address, num_processes, process_id,
+        initialization_timeout=initialization_timeout + _JAX_TIMEOUT_MARGIN_S)
+  except (RuntimeError, ValueError, TypeError) as e:  # JaxRuntimeError is a RuntimeError
+    raise ConfigError(f"{who}: jax.distributed.initialize failed "
+                      f"({' '.join(str(e).split())[:300]}); expected a reachable coordinator "
+                      "and consistent --num_processes/--process_id") from None
+  finally:
+    done.set()
+
+
+# JAX is given a little longer than our own limit, so ours reports first.
+_JAX_TIMEOUT_MARGIN_S = 30
+
+
+def _split_address(address: str) -> tuple[str, int]:
+  host, sep, port = address.rpartition(":")
+  host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+  if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ConfigError(f"--coordinator_address={address!r}: expected host:port, e.g. "
+                      "127.0.0.1:12345")
+  return host, int(port)
+
+
+def _check_port_free(host: str, port: int, address: str) -> None:
+  """Process 0's coordinator binds [::]:port (all addresses): is that port free?"""
+  bind_address = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS")
+  targets = [(_split_address(bind_address)[0], port)] if bind_address else []
+  targets += [("::", port), ("0.0.0.0", port), (host, port)]
+  for target in targets:
+    family = socket.AF_INET6 if ":" in target[0] else socket.AF_INET
+    try:
+      with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no obstacle
+        s.bind(target)
+    except OSError as e:
+      if e.errno == errno.EADDRINUSE:
+        raise ConfigError(f"--coordinator_address={address}: port {port} is already in use on "
+                          "this host (another run, or a process given --process_id=0 twice?); "
+                          "expected a free port for process 0's coordinator") from None
+      continue  # e.g. no IPv6 here, or `host` is not this machine's: nothing to learn
+
+
+def _wait_for_coordinator(host: str, port: int, address: str, process_id: int,
+                          timeout: float) -> None:
+  """A process other than 0 waits (bounded) until process 0's coordinator listens."""
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      with socket.create_connection((host, port), timeout=min(5.0, timeout)):
+        return
+    except socket.gaierror as e:
+      raise ConfigError(f"--coordinator_address={address}: cannot resolve {host!r} "
+                        f"({e.strerror}); expected process 0's host name or address") from None
+    except OSError:
+      if time.monotonic() >= deadline:
+        raise ConfigError(
+            f"process {process_id}: nothing listens at --coordinator_address={address} after "
+            f"--distributed_timeout={timeout:g} s; expected process 0 of the run started with "
+            "the same --coordinator_address (is any process given --process_id=0?)") from None
+      time.sleep(0.5)
 
 
 def make_mesh(model_parallel: int = 1, devices=None) -> Mesh:

@@ -113,8 +113,8 @@ class Tokenizer:
       raise ConfigError(f"vocab file '{path}' does not exist")
     if os.path.isdir(path):
       raise ConfigError(f"vocab file '{path}' is a directory; expected a vocab.txt file")
-    try:
-      with open(path, encoding="utf-8") as f:
+    try:  # utf-8-sig: a byte order mark (some editors write one) is not part of token 0
+      with open(path, encoding="utf-8-sig") as f:
         lines = f.read().splitlines()
     except UnicodeDecodeError as e:
       raise ConfigError(f"vocab file '{path}' is not UTF-8 (byte offset {e.start}); expected "

@@ -72,6 +72,9 @@ flags.DEFINE_string("coordinator_address", None,
                     "--jax_distributed; with --num_processes and --process_id).")
 flags.DEFINE_integer("num_processes", None, "Number of processes in the run.")
 flags.DEFINE_integer("process_id", None, "This process's index, 0 .. num_processes-1.")
+flags.DEFINE_integer("distributed_timeout", 120,
+                     "Seconds for all processes to join the run (--jax_distributed); "
+                     "then one error line and exit 2.")
 FLAGS = flags.FLAGS
 
 
@@ -99,7 +102,8 @@ def _main(argv):
   try:
     explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     if FLAGS.jax_distributed or any(v is not None for v in explicit):
-      sharding.initialize_distributed(*explicit)
+      sharding.initialize_distributed(*explicit,
+                                      initialization_timeout=FLAGS.distributed_timeout)
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except Preempted as e:  # SIGTERM/SIGINT during training: checkpointed, resumable
     _last_line(f"interrupted: {e}")

@@ -13,7 +13,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import console, data_setup, settings as settings_lib, sharding
+from bert_jax import console, data_setup, settings as settings_lib, sharding, workdir_lock
 from bert_jax.errors import ConfigError
 from bert_jax.loop import TrainLoop
 from bert_jax.preemption import StopSignals
@@ -53,7 +53,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   _check_workdir(workdir)
   mesh = sharding.make_mesh(s.mesh.model_parallel)
   sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
+  # One run per workdir: a second one stops here, before writing anything.
+  with workdir_lock.hold(workdir, jax.process_index()):
+    return _run(s, workdir, mesh)
 
+
+def _run(s: Settings, workdir: str, mesh) -> dict:
   prepared = data_setup.prepare_data(s.data, s.train.seq_lens, s.run.seed, workdir)
   tok = prepared.tokenizer
   steps = make_steps(s, tok.vocab_size, tok.special_ids(), tok.mask_id,
@@ -74,6 +79,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       console.log(f"resumed from {ckpts.ckpt_dir} at step {state.step} "
                   f"(data position {state.position})")
     reporter.truncate(state.step)  # records of steps this run will redo
+    if (note := reporter.skipped_warning()) is not None:
+      console.warn(note)
     loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state)
     loop.train()
     loop.stop_if_requested(sync=True)  # a signal during the last steps

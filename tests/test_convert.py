@@ -423,3 +423,21 @@ def test_from_tf_reads_a_real_tensorflow_checkpoint(tmp_path):
   assert meta["lowercase"] is True and meta["source"].startswith("tensorflow:")
   assert_states_equal(convert.params_to_hf_state(
       params, BertConfig.from_dict(meta["model_config"])), state)
+
+
+def test_import_of_weights_with_nan_or_inf_warns_once_naming_the_tensors(tmp_path, capsys):
+  state = hf_state()
+  state["bert.encoder.layer.1.output.dense.weight"][0, 0] = np.nan
+  state["cls.predictions.bias"][3] = -np.inf
+  hf_dir = write_hf_dir(tmp_path / "hf", state)
+  assert convert.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
+  err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+  assert len(err) == 1 and err[0].startswith("warning:"), err
+  assert "model.safetensors" in err[0] and "2 tensor(s)" in err[0]
+  assert "bert.encoder.layer.1.output.dense.weight" in err[0] and "cls.predictions.bias" in err[0]
+  params, meta = checkpointing.restore_params(str(tmp_path / "out"))  # imported as they are
+  assert_states_equal(convert.params_to_hf_state(
+      params, BertConfig.from_dict(meta["model_config"])), state)
+  assert convert.non_finite_tensors(hf_state()) == []
+  assert convert.non_finite_tensors({"b": np.array([1.0, np.inf]), "a": np.array([np.nan]),
+                                     "i": np.array([1, 2])}) == ["a", "b"]

@@ -521,6 +521,27 @@ CASES = [
         "features", _features(w, d, "--max_length", "16", output="new.npy",
                               text="the cat\n" + "a dog ran " * 20 + "\n" + "sat " * 30 + "\n")),
        "max_length=16", ("2 of 3 inputs",), "odd", _rows(3)),
+
+    # --- issue 12: params-only readers, imported NaN (helpers at the end of the file) ---
+    Case("features-newest-checkpoint-without-params", "features", lambda d, w: Call(
+        "features", _features(w, d, checkpoint=_run_with_damaged_step(w, d), output="new.npy")),
+       "checkpoints/9 (", ("using step 7",), "odd", _rows(1)),
+    Case("features-given-step-with-bad-meta", "features", lambda d, w: Call(
+        "features", _features(w, d, "--step", "9",
+                              checkpoint=_run_with_damaged_step(w, d, "meta"))),
+       "checkpoints/9", ("incomplete or unreadable", "JSONDecodeError")),
+    Case("export-newest-checkpoint-with-bad-meta", "import", lambda d, w: Call(
+        "convert", ["to-hf", _run_with_damaged_step(w, d, "meta"), str(d / "out")]),
+       "checkpoints/9 (", ("using step 7",), "odd",
+       lambda r, c: _exported(r, c)),
+    Case("export-given-step-without-params", "import", lambda d, w: Call(
+        "convert", ["to-hf", _run_with_damaged_step(w, d), str(d / "out"), "--step", "9"]),
+       "checkpoints/9", ("incomplete or unreadable",)),
+    Case("import-weights-with-nan-and-inf", "import", lambda d, w: Call("convert", [
+        "from-hf", _hf_copy(w, d, _poison_weights), str(d / "out")]),
+       "model.safetensors", ("2 tensor(s)", "bert.embeddings.LayerNorm.bias",
+                             "cls.seq_relationship.bias"), "odd",
+       lambda r, c: _imported_ok(r, c)),
 ]
 
 
@@ -560,3 +581,39 @@ def test_hostile_input(case: Case, world: World, tmp_path):
     changed = sorted(p for p in before if before[p] != after.get(p))
     assert not changed, f"damaged by a run on odd input: {changed}"
     case.produced(res, call)
+
+
+# ----------------------------------------------------------------------------
+# Helpers of the issue-12 rows (looked up when a case runs)
+
+
+def _run_with_damaged_step(w: World, d, damage: str = "params") -> str:
+  """A copy of the run whose newest step 9 (a copy of step 7) lacks its params
+  ("params") or has a meta that is not JSON ("meta")."""
+  run = _copy_run(w, d)
+  ckpts = os.path.join(run, "checkpoints")
+  shutil.copytree(os.path.join(ckpts, "7"), os.path.join(ckpts, "9"))
+  if damage == "params":
+    shutil.rmtree(os.path.join(ckpts, "9", "params"))
+  else:
+    _text(os.path.join(ckpts, "9", "meta", "metadata"), '{"step": 9, "vo')
+  return run
+
+
+def _poison_weights(hf_dir: str) -> None:
+  from safetensors.numpy import load_file, save_file
+  path = os.path.join(hf_dir, "model.safetensors")
+  state = load_file(path)
+  for name, value in (("bert.embeddings.LayerNorm.bias", np.nan),
+                      ("cls.seq_relationship.bias", np.inf)):
+    state[name] = state[name].copy()
+    state[name][0] = value
+  save_file(state, path, metadata={"format": "pt"})
+
+
+def _exported(res: Result, call: Call) -> None:
+  assert os.path.isfile(os.path.join(call.args[2], "model.safetensors"))
+
+
+def _imported_ok(res: Result, call: Call) -> None:
+  assert os.path.isdir(os.path.join(call.args[2], "checkpoints", "0"))

@@ -213,3 +213,15 @@ def test_word_cache_stays_bounded_and_ids_stay_right(monkeypatch):
   words = [f"cat{i}dog (the{i})." for i in range(400)]
   assert tok.encode_batch(words) == hf_ids(tok, words)
   assert len(tok._chunks) <= 51 and len(tok._chunks._words) <= 50
+
+
+def test_vocab_file_starting_with_a_byte_order_mark_reads_token_0_without_it(tmp_path):
+  plain = Tokenizer.from_vocab_file(write_vocab(tmp_path, BASE_LAYOUT + ["hello"]), True)
+  path = tmp_path / "bom_vocab.txt"
+  path.write_bytes(b"\xef\xbb\xbf" + "".join(t + "\n" for t in BASE_LAYOUT + ["hello"]).encode())
+  tok = Tokenizer.from_vocab_file(str(path), True)
+  assert tok.vocab == plain.vocab and tok.vocab[0] == "[PAD]" and tok.pad_id == 0
+  assert tok.encode("hello") == plain.encode("hello") == [104]
+  # Only a leading mark is dropped: one inside the file stays part of its token.
+  path.write_bytes("".join(t + "\n" for t in BASE_LAYOUT + ["\ufeffhello"]).encode())
+  assert Tokenizer.from_vocab_file(str(path), True).vocab[-1] == "\ufeffhello"

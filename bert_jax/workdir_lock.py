@@ -1,0 +1,135 @@
+"""One run per workdir: an exclusive OS-level lock held for the whole run.
+
+    with workdir_lock.hold(workdir, jax.process_index()):
+      ...  # the run: the only one writing this workdir (for this process index)
+
+The lock is `flock(LOCK_EX | LOCK_NB)` on `<workdir>/.lock-<process_index>`.
+The kernel drops it when its process dies, however it dies (kill -9
+included), so a lock is never stale: the file of a dead holder may remain,
+but the next run takes it over. Each process of a multi-host run locks its
+own index, so processes sharing a workdir on shared storage do not exclude
+each other, while a second run's process i stops at once. The file holds
+one JSON line naming the holder (pid, host, start time), which a second
+acquirer puts into its one-line error.
+
+Readers (feature extraction, export) take no lock: they may read a workdir
+while a run holds it (Orbax shows them complete checkpoints only).
+
+Caveats: on NFS, flock is emulated with POSIX byte-range locks (Linux >=
+2.6.12) and needs a working lock service; a child forked (not exec'd) by the
+run shares the lock and keeps it while it lives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import json
+import os
+import socket
+from collections.abc import Iterator
+
+from bert_jax.errors import BertJaxError, ConfigError
+
+
+class WorkdirInUse(BertJaxError):
+  """Another live process holds the workdir's lock."""
+
+  def __init__(self, message: str, holder: dict):
+    super().__init__(message)
+    self.holder = holder
+
+
+def lock_path(workdir: str, process_index: int = 0) -> str:
+  return os.path.join(os.path.abspath(workdir), f".lock-{int(process_index)}")
+
+
+@contextlib.contextmanager
+def hold(workdir: str, process_index: int = 0) -> Iterator[dict]:
+  """Holds the workdir's lock for `process_index` inside the `with` block.
+
+  Creates the workdir if needed (and removes it again on exit if this call
+  made it and it is still empty, so a run that fails before writing leaves
+  nothing). Yields the holder record written into the lock file. Raises
+  WorkdirInUse (one line naming the workdir and the holder) if a live
+  process holds it, ConfigError if the lock file cannot be made.
+  """
+  workdir = os.path.abspath(workdir)
+  made = not os.path.exists(workdir)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ConfigError(f"--workdir {workdir} is not a directory; expected a directory (or a "
+                      "path where one can be made)")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"workdir {workdir}: cannot create it ({e.strerror}); expected a "
+                      "writable --workdir") from None
+  path = lock_path(workdir, process_index)
+  fd = None
+  try:
+    fd = _acquire(workdir, path)
+    holder = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": datetime.datetime.now(datetime.timezone.utc)
+                         .strftime("%Y-%m-%d %H:%M:%S UTC"),
+              "process_index": int(process_index)}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+    yield holder
+  finally:
+    if fd is not None:
+      # Unlinked while still held: a process that opened the old file before
+      # this finds it gone after its flock and retries on a fresh file.
+      with contextlib.suppress(OSError):
+        os.unlink(path)
+      os.close(fd)
+    if made:
+      with contextlib.suppress(OSError):
+        os.rmdir(workdir)  # only if empty
+
+
+def _acquire(workdir: str, path: str) -> int:
+  while True:
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+      raise ConfigError(f"workdir {workdir}: cannot create the lock file {path} "
+                        f"({e.strerror}); expected a writable --workdir") from None
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      holder = _read_holder(fd)
+      os.close(fd)
+      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise ConfigError(f"workdir {workdir}: cannot lock {path} ({e.strerror}); expected "
+                          "a --workdir on a file system with working locks") from None
+      raise WorkdirInUse(f"workdir {workdir} is in use by another run ({describe(holder)}; "
+                         f"lock {path}); wait for it to end or use another --workdir",
+                         holder) from None
+    try:  # the file we locked must still be the one under `path` (see hold's finally)
+      same = os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+      same = False
+    if same:
+      return fd
+    os.close(fd)
+
+
+def _read_holder(fd: int) -> dict:
+  try:
+    text = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+    holder = json.loads(text) if text else {}
+  except (OSError, ValueError):
+    holder = {}
+  return holder if isinstance(holder, dict) else {}
+
+
+def describe(holder: dict) -> str:
+  """'pid 123 on host h, started 2026-01-01 00:00:00 UTC' (what is known of it)."""
+  if not holder:
+    return "holder not yet recorded: it is starting"
+  parts = [f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}"]
+  if holder.get("started"):
+    parts.append(f"started {holder['started']}")
+  return ", ".join(parts)
