@@ -80,8 +80,11 @@ def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransfo
 def make_optimizer(train: OptimizerSettings) -> tuple[optax.GradientTransformation, Callable]:
   """Returns (optimizer, learning-rate schedule); the settings were checked when made."""
   schedule = bert_schedule(train.learning_rate, train.warmup_steps, train.num_steps)
+  # max_grad_norm 0 means no clipping, as in HF Trainer and torch scripts.
+  clip = (optax.clip_by_global_norm(train.max_grad_norm) if train.max_grad_norm > 0
+          else optax.identity())
   tx = skip_nonfinite(optax.chain(
-      optax.clip_by_global_norm(train.max_grad_norm),
+      clip,
       optax.scale_by_adam(b1=train.b1, b2=train.b2, eps=train.eps),
       # Decoupled: the decay is added after Adam's scaling, so it is not
       # rescaled by the second-moment estimate (AdamW, and the reference).

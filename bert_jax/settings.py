@@ -101,10 +101,21 @@ class OptimizerSettings:
 
   def __post_init__(self):
     _positive_int("train.num_steps", self.num_steps)
-    if self.warmup_steps < 0:
-      raise _fail("train.warmup_steps", self.warmup_steps, ">= 0")
-    if not self.learning_rate > 0:  # a negative rate climbs the loss without any error
-      raise _fail("train.learning_rate", self.learning_rate, "> 0")
+    if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
+      raise _fail("train.warmup_steps", self.warmup_steps, "an integer >= 0")
+    # NaN compares false everywhere, so every check is written to fail on it.
+    if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+      raise _fail("train.learning_rate", self.learning_rate, "a finite number > 0")
+    for name in ("b1", "b2"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise _fail(f"train.{name}", getattr(self, name), "0 <= value < 1")
+    if not (math.isfinite(self.eps) and self.eps > 0):
+      raise _fail("train.eps", self.eps, "a finite number > 0")
+    if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+      raise _fail("train.weight_decay", self.weight_decay, "a finite number >= 0")
+    if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0):
+      raise _fail("train.max_grad_norm", self.max_grad_norm,
+                  "a finite number >= 0 (0 = no clipping)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +170,8 @@ class RunSettings:
   def __post_init__(self):
     for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
       _positive_int(name, getattr(self, name))
+    if not _is_int(self.eval_batches) or self.eval_batches < 0:
+      raise _fail("eval_batches", self.eval_batches, "an integer >= 0 (0 = the whole eval split)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +235,9 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   _positive_int("train.max_consecutive_nonfinite", t.max_consecutive_nonfinite)
   model = BertConfig(vocab_size=1, **_fields(BertConfig, c.model, exclude=("vocab_size",)))
   model.validate()
+  if model.type_vocab_size < 2:  # one row would embed segments A and B alike
+    raise _fail("model.type_vocab_size", model.type_vocab_size,
+                ">= 2 (segment A and segment B of a sentence pair)")
   train = TrainSettings(
       batch_size=t.batch_size, grad_accum_steps=t.grad_accum_steps,
       max_consecutive_nonfinite=t.max_consecutive_nonfinite,

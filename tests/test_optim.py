@@ -44,3 +44,29 @@ def test_weight_decay_is_decoupled_from_adam_scaling():
 def test_non_positive_num_steps_is_rejected():
   with pytest.raises(ConfigError, match="num_steps"):
     OptimizerSettings(num_steps=0)
+
+
+def _two_updates(max_grad_norm):
+  """The second update after a large then a small gradient (Adam's moments mix both)."""
+  tx, _ = optim.make_optimizer(OptimizerSettings(
+      learning_rate=0.1, warmup_steps=0, num_steps=10**9, weight_decay=0.0,
+      max_grad_norm=max_grad_norm))
+  params = {"kernel": jnp.zeros((3,))}
+  state = tx.init(params)
+  _, state = tx.update({"kernel": jnp.full((3,), 100.0)}, state, params)
+  second, _ = tx.update({"kernel": jnp.array([0.01, -0.02, 0.03])}, state, params)
+  return second["kernel"]
+
+
+def test_max_grad_norm_zero_means_no_clipping():
+  ref = optax.adam(0.1, b1=0.9, b2=0.999, eps=1e-6)
+  params = {"kernel": jnp.zeros((3,))}
+  state = ref.init(params)
+  _, state = ref.update({"kernel": jnp.full((3,), 100.0)}, state, params)
+  want, _ = ref.update({"kernel": jnp.array([0.01, -0.02, 0.03])}, state, params)
+  np.testing.assert_allclose(_two_updates(0.0), want["kernel"], rtol=1e-5)
+
+
+def test_a_positive_max_grad_norm_clips():
+  # The large first gradient is clipped to norm 1, so the small second one weighs more.
+  assert not np.allclose(_two_updates(1.0), _two_updates(0.0), rtol=1e-3)

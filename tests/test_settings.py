@@ -38,6 +38,10 @@ def test_shipped_configs_become_frozen_settings(get_config):
     ("data__format", "csv"), ("data__max_documents", -1), ("data__vocab_file", "/nope/vocab.txt"),
     ("mesh__model_parallel", 0), ("mesh__param_sharding", "zero3"),
     ("log_every", 0), ("eval_every", 0), ("checkpoint_every", 0), ("keep_checkpoints", 0),
+    # Settings that used to train silently wrong or fail late (issue 12, section 5):
+    ("train__learning_rate", float("nan")), ("train__learning_rate", float("inf")),
+    ("train__b1", 1.0), ("train__b2", -0.1), ("train__max_grad_norm", -1.0),
+    ("eval_batches", -1), ("model__type_vocab_size", 1),
 ])
 def test_a_bad_value_is_one_line_naming_the_field(field, value):
   with pytest.raises(ConfigError) as e:
