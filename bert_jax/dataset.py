@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import hashlib
 import itertools
 import json
@@ -51,28 +50,29 @@ import random
 import shutil
 import socket
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from array_record.python.array_record_module import ArrayRecordWriter
 
 from bert_jax import corpus
 from bert_jax import pretraining_data
-from bert_jax.errors import BertJaxError, ConfigError, CorpusError
-from bert_jax.tokenizer import VOCAB_FILE, Tokenizer
+from bert_jax.errors import ConfigError, CorpusError
+from bert_jax.example_store import (  # noqa: F401  (re-exported: the data's public names)
+    HEADER, INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE, TOKENIZER_DIR, ExampleSource,
+    seq_dir, shard_path, write_json)
+from bert_jax.prepared_check import (  # noqa: F401
+    PreparedDataError, check_corpus_unchanged, check_seq_dir, is_complete, writable,
+    write_manifest)
+from bert_jax.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # settings imports the model (JAX); data code does not
   from bert_jax.settings import DataSettings
 
 # Bump when the way examples are made or stored changes, so old caches are not reused.
 DATA_VERSION = 2
-TOKENIZER_DIR = "tokenizer"
-SETTINGS_FILE = "settings.json"
-STATS_FILE = "stats.json"
-INFO_FILE = "info.json"
-MANIFEST_FILE = "manifest.json"  # byte sizes of the top-level files, written last
 MIN_DOCS_PER_SPLIT = 2  # NotNext takes its B from another document of the split
 SPLIT_BLOCK_DOCUMENTS = 1000  # train/eval are drawn per block of documents
 SPLIT_BLOCK_CHARS = 32 << 20
@@ -82,7 +82,6 @@ TOKENIZE_SENTENCES = 8192  # per encode_batch_flat call
 TOKENIZE_CHARS = 2 << 20
 _SPANS_PER_BLOCK = 4096
 SHARD_RECORDS = 1 << 19
-_HEADER = 3  # n_a, n, label
 # Random access: one record per chunk. Compressing records of a few hundred
 # bytes one by one saves almost nothing and makes writing 7x slower.
 _WRITER_OPTIONS = "group_size:1,uncompressed"
@@ -111,12 +110,12 @@ def prepare(data_config: DataSettings, seq_lens: Sequence[int], cache_dir: str,
   key = _hash(settings)
   directory = os.path.join(cache_dir, key)
   _remove_stale(cache_dir, f".{key}.tmp-")
-  complete = _is_complete(directory)
+  complete = is_complete(directory)
   if not complete and os.path.exists(directory):
     shutil.rmtree(directory)  # not made by this version's atomic rename: debris
   if complete:
     _remove_stale(directory, ".seq")
-  missing = [l for l in seq_lens if not (complete and os.path.isdir(_seq_dir(directory, l)))]
+  missing = [l for l in seq_lens if not (complete and os.path.isdir(seq_dir(directory, l)))]
   if missing:
     print(f"Preparing pre-training data from '{data_config.corpus}' for seq_len "
           f"{', '.join(map(str, missing))} in {directory}", flush=True)
@@ -136,19 +135,19 @@ def _prepare_fresh(c, settings: dict, cache_dir: str, directory: str, key: str,
   staging = os.path.join(cache_dir, f".{key}.tmp-{_owner()}")
   made_cache_dir = not os.path.exists(cache_dir)
   try:
-    with _writable(cache_dir):
+    with writable(cache_dir):
       os.makedirs(staging)
       tokenizer = make_tokenizer(c, seed)
-      stats = _write_examples(c, tokenizer, {l: _seq_dir(staging, l) for l in seq_lens}, seed)
-      _write_json(os.path.join(staging, STATS_FILE), stats)
-      _write_json(os.path.join(staging, SETTINGS_FILE), settings)
+      stats = _write_examples(c, tokenizer, {l: seq_dir(staging, l) for l in seq_lens}, seed)
+      write_json(os.path.join(staging, STATS_FILE), stats)
+      write_json(os.path.join(staging, SETTINGS_FILE), settings)
       tokenizer.save(os.path.join(staging, TOKENIZER_DIR))
-      _check_corpus_unchanged(c, settings["corpus"])
-      _write_manifest(staging)
+      check_corpus_unchanged(c, settings["corpus"])
+      write_manifest(staging)
       try:
         os.rename(staging, directory)  # atomic: the whole preparation appears at once
       except OSError:
-        if not _is_complete(directory, repair=False):  # not another process's finished copy
+        if not is_complete(directory, repair=False):  # not another process's finished copy
           raise
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
@@ -167,185 +166,14 @@ def _add_seq_lens(c, directory: str, seq_lens: list[int], seed: int) -> None:
     started_from = json.load(f)["corpus"]  # what the preparation's key was made from
   stagings = {l: os.path.join(directory, f".seq{l}.tmp-{_owner()}") for l in seq_lens}
   try:
-    with _writable(os.path.dirname(directory)):
+    with writable(os.path.dirname(directory)):
       _write_examples(c, tokenizer, stagings, seed)
-      _check_corpus_unchanged(c, started_from)
+      check_corpus_unchanged(c, started_from)
       for l, staging in stagings.items():
-        os.rename(staging, _seq_dir(directory, l))
+        os.rename(staging, seq_dir(directory, l))
   finally:
     for staging in stagings.values():
       shutil.rmtree(staging, ignore_errors=True)
-
-
-def _is_complete(directory: str, repair: bool = True) -> bool:
-  """Whether `directory` holds a complete preparation whose files are as recorded.
-
-  Checks presence and byte size of every file MANIFEST_FILE lists (settings,
-  tokenizer), and of every `seq<L>/` folder's info.json and shards (see
-  `check_seq_dir`): stats only, cheap enough for every start. With `repair`,
-  what fails is removed with one `warning:` line naming the file, to be
-  prepared again: the whole preparation when its top-level files fail (a
-  folder of an older version, without a manifest, included), else only the
-  failing `seq<L>/` folder. A folder that cannot be removed (read-only) is
-  one ConfigError line.
-  """
-  if not os.path.isdir(directory):
-    return False
-  problem = _check_manifest(directory)
-  if problem is not None:
-    if repair:
-      _warn(f"prepared data {problem}; preparing it again")
-      _remove(directory, problem)
-    return False
-  if repair:
-    for name in sorted(os.listdir(directory)):
-      if name.startswith("seq") and name[3:].isdigit():
-        problem = check_seq_dir(os.path.join(directory, name))
-        if problem is not None:
-          _warn(f"prepared data {problem}; preparing seq_len {name[3:]} again")
-          _remove(os.path.join(directory, name), problem)
-  return True
-
-
-class PreparedDataError(BertJaxError):
-  """A prepared-data folder whose files are not what its preparation recorded."""
-
-
-def _manifest(directory: str, names: Sequence[str]) -> dict[str, int]:
-  return {name: os.path.getsize(os.path.join(directory, name)) for name in names}
-
-
-def _write_manifest(directory: str) -> None:
-  """MANIFEST_FILE: the byte size of each top-level file a reader trusts."""
-  names = [SETTINGS_FILE, STATS_FILE] + sorted(
-      f"{TOKENIZER_DIR}/{n}" for n in os.listdir(os.path.join(directory, TOKENIZER_DIR)))
-  _write_json(os.path.join(directory, MANIFEST_FILE),
-              {"files": _manifest(directory, names)})
-
-
-def _check_files(directory: str, recorded: Any) -> str | None:
-  """The first recorded file that is missing or of another size, as '<path>: what'."""
-  if not isinstance(recorded, dict) or not recorded:
-    return "its file list is empty or not a JSON object"
-  for name, size in sorted(recorded.items()):
-    path = os.path.join(directory, name)
-    try:
-      found = os.stat(path).st_size
-    except FileNotFoundError:
-      return f"{path}: missing (recorded {size} bytes)"
-    except OSError as e:
-      return f"{path}: unreadable ({e.strerror})"
-    if found != size:
-      return f"{path}: {found} bytes, but its preparation recorded {size}"
-  return None
-
-
-def _read_json_object(path: str) -> tuple[dict | None, str | None]:
-  try:
-    with open(path, encoding="utf-8") as f:
-      obj = json.load(f)
-  except FileNotFoundError:
-    return None, f"{path}: missing"
-  except (OSError, ValueError) as e:
-    return None, f"{path}: unreadable ({type(e).__name__})"
-  if not isinstance(obj, dict):
-    return None, f"{path}: not a JSON object"
-  return obj, None
-
-
-def _check_manifest(directory: str) -> str | None:
-  path = os.path.join(directory, MANIFEST_FILE)
-  if not os.path.exists(path):
-    return f"{path}: missing (a folder of an older bert-jax or an unfinished one)"
-  manifest, problem = _read_json_object(path)
-  if problem is not None:
-    return problem
-  problem = _check_files(directory, manifest.get("files"))
-  return problem and (problem if problem.startswith(directory) else f"{path}: {problem}")
-
-
-def check_seq_dir(seq_dir: str) -> str | None:
-  """None if `seq<L>/`'s info.json and every shard it lists are there with their
-  recorded sizes; else the first problem, '<path>: what'."""
-  path = os.path.join(seq_dir, INFO_FILE)
-  info, problem = _read_json_object(path)
-  if problem is not None:
-    return problem
-  if "files" not in info:
-    return f"{path}: lists no file sizes (made by an older bert-jax)"
-  try:
-    shards = {s: len(info["shards"][s]) for s in ("train", "eval")}
-  except (KeyError, TypeError):
-    return f"{path}: no shard counts for train and eval"
-  expected = {os.path.basename(shard_path(os.path.join(seq_dir, s), i))
-              for s, n in shards.items() for i in range(n)}
-  if not isinstance(info["files"], dict) or set(info["files"]) != expected:
-    return f"{path}: its file list does not match its shard counts"
-  problem = _check_files(seq_dir, info["files"])
-  return problem and (problem if problem.startswith(seq_dir) else f"{path}: {problem}")
-
-
-def _warn(message: str) -> None:
-  print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def _remove(path: str, problem: str) -> None:
-  with _writable(os.path.dirname(path), f"to prepare again what failed its check: {problem}"):
-    shutil.rmtree(path)
-
-
-_CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
-
-
-@contextlib.contextmanager
-def _writable(where: str, purpose: str = "") -> Iterator[None]:
-  """An OSError of the storage under `where` (read-only, permission, full) -> one
-  ConfigError line naming config.data.cache_dir."""
-  try:
-    yield
-  except OSError as e:
-    inside = e.filename is None or os.path.abspath(str(e.filename)).startswith(
-        os.path.abspath(where))
-    if e.errno not in _CANNOT_WRITE or not inside:
-      raise
-    raise ConfigError(
-        f"config.data.cache_dir: cannot write prepared data in {where} ({e.strerror}"
-        f"{': ' + str(e.filename) if e.filename else ''}){' ' + purpose if purpose else ''}; "
-        "expected a writable folder with free space: pass another --config.data.cache_dir "
-        "(default <workdir>/prepared) or fix its permissions") from None
-
-
-def _check_corpus_unchanged(c, started_from: Any) -> None:
-  """A corpus file that changed while it was read must not be cached as complete."""
-  now = corpus.fingerprint(c.corpus)
-  if now == started_from:
-    return
-  before = {f["file"]: f for f in _fingerprint_files(started_from)}
-  after = {f["file"]: f for f in _fingerprint_files(now)}
-  for path in sorted(set(before) | set(after)):
-    a, b = before.get(path), after.get(path)
-    if a == b:
-      continue
-    what = ("appeared" if a is None else "disappeared" if b is None else
-            f"size {a['size']} -> {b['size']} bytes" if a["size"] != b["size"] else
-            "modification time changed")
-    raise CorpusError(f"corpus file '{path}' changed while it was being prepared ({what}); "
-                      "expected it unchanged until preparation ends: nothing was cached, "
-                      "rerun once it is complete")
-  raise CorpusError(f"corpus '{c.corpus}' changed while it was being prepared; expected it "
-                    "unchanged until preparation ends: nothing was cached, rerun")
-
-
-def _fingerprint_files(fp: Any) -> list[dict]:
-  if isinstance(fp, dict) and "file" in fp:
-    return [fp]
-  if isinstance(fp, dict) and isinstance(fp.get("files"), list):
-    return fp["files"]
-  return []
-
-
-def _seq_dir(directory: str, seq_len: int) -> str:
-  return os.path.join(directory, f"seq{seq_len}")
 
 
 def _owner() -> str:
@@ -373,13 +201,6 @@ def _alive(pid: int) -> bool:
   except PermissionError:
     return True
   return True
-
-
-def _write_json(path: str, obj: Any) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
 
 
 # --- settings ---
@@ -630,7 +451,7 @@ def _write_examples(c: DataSettings, tokenizer: Tokenizer,
     n = {s: writers[(l, s)].count for s in ("train", "eval")}
     examples[l] = n
     counts[f"example_tokens_seq{l}"] = sum(writers[(l, s)].tokens for s in ("train", "eval"))
-    _write_json(os.path.join(out_dirs[l], INFO_FILE), {
+    write_json(os.path.join(out_dirs[l], INFO_FILE), {
         "seq_len": l, "dtype": dtype.name, "train": n["train"], "eval": n["eval"],
         "shards": {s: writers[(l, s)].shards for s in ("train", "eval")},
         "files": {**writers[(l, "train")].files(), **writers[(l, "eval")].files()},
@@ -656,11 +477,11 @@ def _write_examples(c: DataSettings, tokenizer: Tokenizer,
 def _rows(tokens_T: np.ndarray, spans_Kx5: np.ndarray, seq_len: int, tokenizer: Tokenizer,
           dtype: np.dtype) -> np.ndarray:
   """Records [K, 3 + L]: n_a, n, label, input_ids."""
-  rows = np.empty((len(spans_Kx5), _HEADER + seq_len), dtype)
+  rows = np.empty((len(spans_Kx5), HEADER + seq_len), dtype)
   rows[:, 0] = spans_Kx5[:, 1] + 2
   rows[:, 1] = spans_Kx5[:, 1] + spans_Kx5[:, 3] + 3
   rows[:, 2] = spans_Kx5[:, 4]
-  rows[:, _HEADER:] = pretraining_data.input_ids(tokens_T, spans_Kx5, seq_len,
+  rows[:, HEADER:] = pretraining_data.input_ids(tokens_T, spans_Kx5, seq_len,
                                                  tokenizer.cls_id, tokenizer.sep_id)
   return rows
 
@@ -683,7 +504,6 @@ class _RecordWriter:
     start = 0
     while start < len(rows):
       if self._writer is None:
-        from array_record.python.array_record_module import ArrayRecordWriter
         os.makedirs(os.path.dirname(self.prefix), exist_ok=True)
         path = shard_path(self.prefix, len(self.shards))
         self._writer = ArrayRecordWriter(path, _WRITER_OPTIONS)
@@ -707,10 +527,6 @@ class _RecordWriter:
     """{shard file name: byte size} of the closed shards (recorded in info.json)."""
     paths = [shard_path(self.prefix, i) for i in range(len(self.shards))]
     return {os.path.basename(p): os.path.getsize(p) for p in paths}
-
-
-def shard_path(prefix: str, shard: int) -> str:
-  return f"{prefix}.{shard:05d}.array_record"
 
 
 class _Progress:
@@ -739,94 +555,15 @@ def open_split(directory: str, seq_len: int, split: str) -> ExampleSource:
   Its info.json and shards are checked first (presence and recorded sizes):
   a mismatch is one PreparedDataError line naming the file.
   """
-  seq_dir = _seq_dir(directory, seq_len)
-  problem = check_seq_dir(seq_dir)
+  where = seq_dir(directory, seq_len)
+  problem = check_seq_dir(where)
   if problem is not None:
     raise PreparedDataError(f"prepared data {problem}; expected the files its preparation "
                             f"recorded: rerun (dataset.prepare prepares a damaged seq_len "
-                            f"again) or delete {seq_dir}")
-  with open(os.path.join(seq_dir, INFO_FILE), encoding="utf-8") as f:
+                            f"again) or delete {where}")
+  with open(os.path.join(where, INFO_FILE), encoding="utf-8") as f:
     info = json.load(f)
-  prefix = os.path.join(seq_dir, split)
+  prefix = os.path.join(where, split)
   counts = info["shards"][split]
   return ExampleSource([shard_path(prefix, i) for i in range(len(counts))], counts, seq_len,
                        info["dtype"])
-
-
-class ExampleSource:
-  """Random access to stored examples: `len(src)`, `src[i]`, `src.read_batch(indices)`.
-
-  An example (`src[i]`, `__getitems__`) is a dict of `input_ids`,
-  `segment_ids`, `input_mask` int32 [L] and `next_sentence_label` int32
-  scalar. `read_batch` decodes many at once into one stacked `Batch` (what
-  the input pipeline uses). Readers open on first use.
-  """
-
-  def __init__(self, paths: Sequence[str], counts: Sequence[int], seq_len: int, dtype: str):
-    self.paths = list(paths)
-    self.seq_len = seq_len
-    self._ends = np.cumsum(np.asarray(counts, np.int64))
-    self._n = int(self._ends[-1]) if len(self._ends) else 0
-    self._dtype = np.dtype(dtype)
-    self._readers: dict[int, Any] = {}
-    self._lock = threading.Lock()
-
-  def __len__(self) -> int:
-    return self._n
-
-  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    return self.__getitems__([index])[0]
-
-  def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-    if not len(indices):
-      return []
-    arrays = self._read_arrays(indices)
-    return [{name: arrays[name][k] for name in pretraining_data.FEATURES}
-            for k in range(len(indices))]
-
-  def _read_arrays(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
-    """FEATURES arrays [K, ...] of the examples at `indices` (K >= 1)."""
-    keys = np.asarray([int(i) for i in indices], np.int64)
-    keys = np.where(keys < 0, keys + self._n, keys)
-    if keys.min() < 0 or keys.max() >= self._n:
-      bad = int(keys[(keys < 0) | (keys >= self._n)][0])
-      raise IndexError(f"example {bad} is out of range for {self._n} examples in "
-                       f"{os.path.dirname(self.paths[0])}")
-    shard_K = np.searchsorted(self._ends, keys, side="right")
-    local_K = keys - np.concatenate([[0], self._ends])[shard_K]
-    records: list[bytes] = [b""] * len(keys)
-    with self._lock:
-      for shard in np.unique(shard_K).tolist():
-        where = np.flatnonzero(shard_K == shard)
-        for k, record in zip(where.tolist(),
-                             self._reader(shard).read(local_K[where].tolist())):
-          records[k] = record
-    rows_KxR = np.frombuffer(b"".join(records), self._dtype).reshape(len(keys), -1)
-    return _decode(rows_KxR, self.seq_len)
-
-  def read_batch(self, indices: Sequence[int]) -> pretraining_data.Batch:
-    """The examples at `indices` stacked into one Batch (what the input pipeline reads)."""
-    arrays = self._read_arrays(indices)
-    return pretraining_data.Batch.from_features(arrays)
-
-  def _reader(self, shard: int):
-    if shard not in self._readers:
-      from array_record.python.array_record_module import ArrayRecordReader
-      self._readers[shard] = ArrayRecordReader(self.paths[shard], "readahead_buffer_size:0")
-    return self._readers[shard]
-
-  def __repr__(self) -> str:
-    where = os.path.dirname(self.paths[0]) if self.paths else "nothing"
-    return f"ExampleSource({where!r}, seq_len={self.seq_len}, examples={self._n})"
-
-
-def _decode(rows_KxR: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
-  n_a_Kx1 = rows_KxR[:, 0:1].astype(np.int32)
-  n_Kx1 = rows_KxR[:, 1:2].astype(np.int32)
-  pos_1xL = np.arange(seq_len, dtype=np.int32)[None, :]
-  return {
-      "input_ids": rows_KxR[:, _HEADER:].astype(np.int32),
-      "segment_ids": ((pos_1xL >= n_a_Kx1) & (pos_1xL < n_Kx1)).astype(np.int32),
-      "input_mask": (pos_1xL < n_Kx1).astype(np.int32),
-      "next_sentence_label": rows_KxR[:, 2].astype(np.int32),
-  }
