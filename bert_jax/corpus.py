@@ -199,9 +199,8 @@ def _tfds_data_dir(data_dir: str | None) -> str:
 
 
 def _open_tfds(name: str, data_dir: str | None):
-  # Heavy (imports TensorFlow), and only needed for `tfds:` corpora.
-  import tensorflow_datasets as tfds
-  from tensorflow_datasets.core import registered
+  import tensorflow_datasets as tfds  # heavy (imports TensorFlow): only for tfds: corpora
+  from tensorflow_datasets.core import registered  # as heavy, as rarely needed
   data_dir = where = _tfds_data_dir(data_dir)
   try:
     # download=False: a missing dataset must fail fast here, not start a
