@@ -315,16 +315,9 @@ class Extractor:
 
   # --- extraction ---
 
-  def extract(self, inputs: Sequence[Input], layers: Sequence[int] = (-1,),
-              pooling: str = "cls", progress: Optional[bool] = None) -> Features:
-    """Features of `inputs` (texts, `A<TAB>B` strings or (A, B) tuples), in input order.
-
-    pooled_NxYxD[i, j] is input i at layers[j]; with pooling "none",
-    hidden_TxYxD[i] holds its T real tokens instead. Inputs longer than
-    max_length are truncated (longer side of a pair first) and counted in a
-    one-line warning. `progress` None shows a bar (stderr) on long inputs.
-    """
-    start = time.perf_counter()
+  def _check_request(self, inputs: Sequence[Input], layers: Sequence[int],
+                     pooling: str) -> tuple[tuple[int, ...], list[Input]]:
+    """(absolute layers, inputs as a list), or a one-line ConfigError."""
     if pooling not in POOLINGS:
       raise ConfigError(f"pooling={pooling!r}: expected one of {', '.join(POOLINGS)}")
     layers = resolve_layers(layers, self.config.num_layers)
@@ -336,12 +329,10 @@ class Extractor:
     inputs = list(inputs)
     if not inputs:
       raise ConfigError("inputs: empty; expected at least one text")
+    return layers, inputs
 
-    enc = encode(self.tokenizer, inputs, self.max_length)
-    if enc.num_truncated:
-      _warn(f"{enc.num_truncated} of {len(inputs)} inputs were longer than "
-            f"max_length={self.max_length} tokens and were truncated")
-    lengths_N = np.array([len(x) for x in enc.ids], np.int64)
+  def _plan_batches(self, lengths_N: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(padded length, input rows) per batch: rows of one bucket, shortest first."""
     bucket_N = np.asarray(self.buckets)[np.searchsorted(self.buckets, lengths_N)]
     # Sorting by length keeps padding low; results are scattered back by index.
     order = np.argsort(lengths_N, kind="stable")
@@ -350,6 +341,40 @@ class Extractor:
     for L in self.buckets:
       rows = order[bucket_N[order] == L]
       batches += [(L, rows[i:i + B]) for i in range(0, len(rows), B)]
+    return batches
+
+  def _padded_batch(self, enc: Encoded, rows: np.ndarray, lengths_N: np.ndarray,
+                    L: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, segments, mask) int32 [B, L] of `rows`; filler rows stay all padding."""
+    B = self.batch_size
+    ids_BxL = np.zeros((B, L), np.int32)
+    segments_BxL = np.zeros((B, L), np.int32)
+    mask_BxL = np.zeros((B, L), np.int32)
+    for j, r in enumerate(rows):
+      T = lengths_N[r]
+      ids_BxL[j, :T] = enc.ids[r]
+      segments_BxL[j, :T] = enc.segments[r]
+      mask_BxL[j, :T] = 1
+    return ids_BxL, segments_BxL, mask_BxL
+
+
+  def extract(self, inputs: Sequence[Input], layers: Sequence[int] = (-1,),
+              pooling: str = "cls", progress: Optional[bool] = None) -> Features:
+    """Features of `inputs` (texts, `A<TAB>B` strings or (A, B) tuples), in input order.
+
+    pooled_NxYxD[i, j] is input i at layers[j]; with pooling "none",
+    hidden_TxYxD[i] holds its T real tokens instead. Inputs longer than
+    max_length are truncated (longer side of a pair first) and counted in a
+    one-line warning. `progress` None shows a bar (stderr) on long inputs.
+    """
+    start = time.perf_counter()
+    layers, inputs = self._check_request(inputs, layers, pooling)
+    enc = encode(self.tokenizer, inputs, self.max_length)
+    if enc.num_truncated:
+      _warn(f"{enc.num_truncated} of {len(inputs)} inputs were longer than "
+            f"max_length={self.max_length} tokens and were truncated")
+    lengths_N = np.array([len(x) for x in enc.ids], np.int64)
+    batches = self._plan_batches(lengths_N)
 
     Y, D = len(layers), self.config.hidden_size
     pooled = None if pooling == "none" else np.zeros((len(inputs), Y, D), np.float32)
@@ -371,18 +396,10 @@ class Extractor:
     pending = None
     try:
       for L, rows in batches:
-        ids_BxL = np.zeros((B, L), np.int32)  # filler rows stay all padding
-        segments_BxL = np.zeros((B, L), np.int32)
-        mask_BxL = np.zeros((B, L), np.int32)
-        for j, r in enumerate(rows):
-          T = lengths_N[r]
-          ids_BxL[j, :T] = enc.ids[r]
-          segments_BxL[j, :T] = enc.segments[r]
-          mask_BxL[j, :T] = 1
         fn, new = self._program(L, layers, pooling)
         num_compiled += new
         put = lambda x: jax.device_put(x, self._batch_sharding)
-        out = fn(self.params, put(ids_BxL), put(segments_BxL), put(mask_BxL))
+        out = fn(self.params, *map(put, self._padded_batch(enc, rows, lengths_N, L)))
         # Dispatch is asynchronous: copy the previous batch out while this one runs.
         if pending is not None:
           collect(*pending)
