@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from bert_jax.errors import CheckpointError
 
@@ -55,7 +56,6 @@ def move_aside(mngr: ocp.CheckpointManager, step: int) -> str:
       target, n = os.path.join(root, f"corrupt-{step}-{n}"), n + 1
     os.rename(os.path.join(root, str(step)), target)
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(f"bert_jax:moved_aside_{step}")
   mngr.reload()
   return target

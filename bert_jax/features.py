@@ -18,16 +18,8 @@ Poolings: "cls" the [CLS] vector, "mean" the average over real tokens
 ([CLS]/[SEP] included, padding excluded), "pooler" the model's tanh pooled output
 (last layer only), "none" every real token.
 
-CLI (`python -m bert_jax.features --help`):
-  --output X.npy  pooled features: float32 [N, Y, D], row i = input line i.
-  --output X.npz  per-token features (--pooling none), inputs concatenated:
-    hidden       float32 [total_tokens, Y, D]
-    offsets      int64 [N + 1]: line i is rows offsets[i]:offsets[i + 1]
-    lengths      int64 [N]: tokens of line i ([CLS] and [SEP] included)
-    tokens       str [total_tokens]: word pieces, e.g. "[CLS]", "hello", "##s"
-    token_ids    int32 [total_tokens]
-    segment_ids  int32 [total_tokens]: 0 for [CLS] A [SEP], 1 for B [SEP]
-    layers       int32 [Y]: absolute layer indices (0 = embeddings)
+The command line (`python -m bert_jax.features --help`, reading the input file and
+writing .npy/.npz outputs) is bert_jax.features_cli.
 
 This module never imports the optimizer or the trainer.
 
@@ -37,7 +29,6 @@ one input, Y selected layers, D hidden size.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -49,11 +40,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 from bert_jax import checkpointing, sharding
-from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
+from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.model import BertConfig, BertModel, abstract_params
-from bert_jax.tokenizer import CLS, SEP, Tokenizer
+from bert_jax.tokenizer import Tokenizer
 
 POOLINGS = ("cls", "mean", "pooler", "none")
 DTYPES = ("float32", "bfloat16")
@@ -63,10 +55,6 @@ _MIN_BUCKET = 16
 _PROGRESS_MIN_BATCHES = 10
 
 Input = Union[str, tuple[str, str]]
-
-
-class InputFileError(BertJaxError):
-  """The text file to extract features from cannot be read as inputs."""
 
 
 def _warn(msg: str) -> None:
@@ -327,16 +315,9 @@ class Extractor:
 
   # --- extraction ---
 
-  def extract(self, inputs: Sequence[Input], layers: Sequence[int] = (-1,),
-              pooling: str = "cls", progress: Optional[bool] = None) -> Features:
-    """Features of `inputs` (texts, `A<TAB>B` strings or (A, B) tuples), in input order.
-
-    pooled_NxYxD[i, j] is input i at layers[j]; with pooling "none",
-    hidden_TxYxD[i] holds its T real tokens instead. Inputs longer than
-    max_length are truncated (longer side of a pair first) and counted in a
-    one-line warning. `progress` None shows a bar (stderr) on long inputs.
-    """
-    start = time.perf_counter()
+  def _check_request(self, inputs: Sequence[Input], layers: Sequence[int],
+                     pooling: str) -> tuple[tuple[int, ...], list[Input]]:
+    """(absolute layers, inputs as a list), or a one-line ConfigError."""
     if pooling not in POOLINGS:
       raise ConfigError(f"pooling={pooling!r}: expected one of {', '.join(POOLINGS)}")
     layers = resolve_layers(layers, self.config.num_layers)
@@ -348,12 +329,10 @@ class Extractor:
     inputs = list(inputs)
     if not inputs:
       raise ConfigError("inputs: empty; expected at least one text")
+    return layers, inputs
 
-    enc = encode(self.tokenizer, inputs, self.max_length)
-    if enc.num_truncated:
-      _warn(f"{enc.num_truncated} of {len(inputs)} inputs were longer than "
-            f"max_length={self.max_length} tokens and were truncated")
-    lengths_N = np.array([len(x) for x in enc.ids], np.int64)
+  def _plan_batches(self, lengths_N: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(padded length, input rows) per batch: rows of one bucket, shortest first."""
     bucket_N = np.asarray(self.buckets)[np.searchsorted(self.buckets, lengths_N)]
     # Sorting by length keeps padding low; results are scattered back by index.
     order = np.argsort(lengths_N, kind="stable")
@@ -362,12 +341,45 @@ class Extractor:
     for L in self.buckets:
       rows = order[bucket_N[order] == L]
       batches += [(L, rows[i:i + B]) for i in range(0, len(rows), B)]
+    return batches
+
+  def _padded_batch(self, enc: Encoded, rows: np.ndarray, lengths_N: np.ndarray,
+                    L: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, segments, mask) int32 [B, L] of `rows`; filler rows stay all padding."""
+    B = self.batch_size
+    ids_BxL = np.zeros((B, L), np.int32)
+    segments_BxL = np.zeros((B, L), np.int32)
+    mask_BxL = np.zeros((B, L), np.int32)
+    for j, r in enumerate(rows):
+      T = lengths_N[r]
+      ids_BxL[j, :T] = enc.ids[r]
+      segments_BxL[j, :T] = enc.segments[r]
+      mask_BxL[j, :T] = 1
+    return ids_BxL, segments_BxL, mask_BxL
+
+
+  def extract(self, inputs: Sequence[Input], layers: Sequence[int] = (-1,),
+              pooling: str = "cls", progress: Optional[bool] = None) -> Features:
+    """Features of `inputs` (texts, `A<TAB>B` strings or (A, B) tuples), in input order.
+
+    pooled_NxYxD[i, j] is input i at layers[j]; with pooling "none",
+    hidden_TxYxD[i] holds its T real tokens instead. Inputs longer than
+    max_length are truncated (longer side of a pair first) and counted in a
+    one-line warning. `progress` None shows a bar (stderr) on long inputs.
+    """
+    start = time.perf_counter()
+    layers, inputs = self._check_request(inputs, layers, pooling)
+    enc = encode(self.tokenizer, inputs, self.max_length)
+    if enc.num_truncated:
+      _warn(f"{enc.num_truncated} of {len(inputs)} inputs were longer than "
+            f"max_length={self.max_length} tokens and were truncated")
+    lengths_N = np.array([len(x) for x in enc.ids], np.int64)
+    batches = self._plan_batches(lengths_N)
 
     Y, D = len(layers), self.config.hidden_size
     pooled = None if pooling == "none" else np.zeros((len(inputs), Y, D), np.float32)
     hidden: list = [None] * len(inputs) if pooling == "none" else None
     show = len(batches) >= _PROGRESS_MIN_BATCHES if progress is None else progress
-    from tqdm import tqdm
     bar = tqdm(total=len(inputs), unit="seq", file=sys.stderr, disable=not show,
                dynamic_ncols=True)
     num_compiled = 0
@@ -384,18 +396,10 @@ class Extractor:
     pending = None
     try:
       for L, rows in batches:
-        ids_BxL = np.zeros((B, L), np.int32)  # filler rows stay all padding
-        segments_BxL = np.zeros((B, L), np.int32)
-        mask_BxL = np.zeros((B, L), np.int32)
-        for j, r in enumerate(rows):
-          T = lengths_N[r]
-          ids_BxL[j, :T] = enc.ids[r]
-          segments_BxL[j, :T] = enc.segments[r]
-          mask_BxL[j, :T] = 1
         fn, new = self._program(L, layers, pooling)
         num_compiled += new
         put = lambda x: jax.device_put(x, self._batch_sharding)
-        out = fn(self.params, put(ids_BxL), put(segments_BxL), put(mask_BxL))
+        out = fn(self.params, *map(put, self._padded_batch(enc, rows, lengths_N, L)))
         # Dispatch is asynchronous: copy the previous batch out while this one runs.
         if pending is not None:
           collect(*pending)
@@ -414,202 +418,6 @@ class Extractor:
         seconds=time.perf_counter() - start, num_compiled=num_compiled)
 
 
-# ----------------------------------------------------------------------------
-# Files
-
-
-def read_inputs(path: str) -> list[str]:
-  """One input per line (a text or `A<TAB>B`); blank lines are kept as empty texts.
-
-  Keeping them means output row i is always line i + 1 of the file.
-  """
-  if not os.path.exists(path):
-    raise InputFileError(f"input file '{path}' does not exist")
-  if os.path.isdir(path):
-    raise InputFileError(f"input file '{path}' is a directory; expected a text file "
-                         "with one input per line")
-  with open(path, "rb") as f:
-    data = f.read()
-  try:
-    text = data.decode("utf-8")
-  except UnicodeDecodeError as e:
-    line = data[:e.start].count(b"\n") + 1
-    raise InputFileError(f"input file '{path}' is not UTF-8: line {line}, byte offset "
-                         f"{e.start} (0x{data[e.start]:02x}); expected UTF-8 text") from None
-  if text.startswith("\ufeff"):
-    text = text[1:]  # a UTF-8 byte order mark is not part of the first text
-  # Only "\n" ends a line: str.splitlines would also split on form feeds and
-  # other separators and shift row numbers against the file's lines.
-  lines = [l[:-1] if l.endswith("\r") else l for l in text.split("\n")]
-  if lines and lines[-1] == "":
-    lines.pop()
-  blank = [i + 1 for i, l in enumerate(lines) if not l.strip()]
-  if not lines or len(blank) == len(lines):
-    raise InputFileError(f"input file '{path}' is empty" + (" (only blank lines)" if lines else "")
-                         + "; expected one text or 'A<TAB>B' pair per line")
-  if blank:
-    _warn(f"input file '{path}': {len(blank)} blank line(s) (first: line {blank[0]}) "
-          f"give features of '{CLS} {SEP}' to keep one row per line")
-  return lines
-
-
-def _write_atomic(path: str, write) -> None:
-  # Write next to the target, then rename: a failure never leaves a partial file.
-  tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                     f".{os.path.basename(path)}.tmp-{os.getpid()}")
-  try:
-    with open(tmp, "wb") as f:
-      write(f)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
-def write_features(path: str, features: Features) -> None:
-  """`.npy`: pooled [N, Y, D]; `.npz`: per-token arrays (module docstring)."""
-  ext = os.path.splitext(path)[1].lower()
-  if ext == ".npy":
-    if features.pooled_NxYxD is None:
-      raise ConfigError(f"output '{path}': per-token features need a .npz file")
-    _write_atomic(path, lambda f: np.save(f, features.pooled_NxYxD))
-  elif ext == ".npz":
-    if features.hidden_TxYxD is None:
-      raise ConfigError(f"output '{path}': pooled features need a .npy file")
-    lengths = features.lengths_N.astype(np.int64)
-    arrays = {
-        "hidden": np.concatenate(features.hidden_TxYxD, axis=0),
-        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        "lengths": lengths,
-        "tokens": np.array([t for toks in features.tokens for t in toks], dtype=str),
-        "token_ids": np.concatenate(features.token_ids).astype(np.int32),
-        "segment_ids": np.concatenate(features.segment_ids).astype(np.int32),
-        "layers": np.asarray(features.layers, np.int32)}
-    _write_atomic(path, lambda f: np.savez(f, **arrays))
-  else:
-    raise ConfigError(f"output '{path}': expected a .npy (pooled) or .npz (per-token) file")
-
-
-# ----------------------------------------------------------------------------
-# CLI
-
-
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):  # one line, like every other bert-jax error
-    raise ConfigError(message)
-
-
-def _parse_layers(text: str) -> tuple[int, ...]:
-  try:
-    return tuple(int(x) for x in text.split(","))
-  except ValueError:
-    raise ConfigError(f"--layers={text!r}: expected comma-separated integers "
-                      "such as -1 or -4,-3,-2,-1") from None
-
-
-def _parse_expect(text: str) -> dict:
-  out = {}
-  for item in filter(None, text.split(",")):
-    key, eq, value = item.partition("=")
-    if not eq:
-      raise ConfigError(f"--expect_config={text!r}: expected key=value[,key=value...]")
-    try:
-      out[key.strip()] = int(value)
-    except ValueError:
-      out[key.strip()] = {"true": True, "false": False}.get(value.lower(), value)
-  return out
-
-
-def _parser() -> argparse.ArgumentParser:
-  p = _Parser(prog="python -m bert_jax.features",
-              description="Per-token or pooled BERT features of a text file, one input per "
-              "line (a text or 'A<TAB>B'), from a bert-jax checkpoint.")
-  p.add_argument("--checkpoint", required=True,
-                 help="workdir, its checkpoints/ folder, or one step folder")
-  p.add_argument("--input", required=True, help="UTF-8 text file, one input per line")
-  p.add_argument("--output", required=True,
-                 help=".npy for pooled features [N, layers, D], .npz for --pooling none")
-  p.add_argument("--layers", default="-1",
-                 help="comma-separated: 0 = embeddings, -1 = last layer (default -1)")
-  p.add_argument("--pooling", default="cls", help=f"one of {', '.join(POOLINGS)} (default cls)")
-  p.add_argument("--max_length", type=int, default=None,
-                 help="tokens per input incl. [CLS]/[SEP]; longer inputs are truncated "
-                 "(default: the checkpoint's max_position_embeddings; short inputs are "
-                 "padded only to their length bucket either way)")
-  p.add_argument("--batch_size", type=int, default=32,
-                 help="rounded up to a multiple of the device count")
-  p.add_argument("--dtype", default="float32", help=f"compute dtype: {', '.join(DTYPES)}")
-  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
-  p.add_argument("--expect_config", default="",
-                 help="e.g. num_layers=12,hidden_size=768: fail unless the checkpoint matches")
-  return p
-
-
-def _join_negative_values(argv: list[str]) -> list[str]:
-  # argparse would take "-4,-3,-2,-1" after --layers for an option name.
-  out, i = [], 0
-  while i < len(argv):
-    if argv[i] == "--layers" and i + 1 < len(argv):
-      out.append(f"--layers={argv[i + 1]}")
-      i += 2
-    else:
-      out.append(argv[i])
-      i += 1
-  return out
-
-
-def run(args: argparse.Namespace) -> Features:
-  """Checks the cheap things first so bad input fails before any restore."""
-  if args.pooling not in POOLINGS:
-    raise ConfigError(f"--pooling={args.pooling!r}: expected one of {', '.join(POOLINGS)}")
-  if args.dtype not in DTYPES:
-    raise ConfigError(f"--dtype={args.dtype!r}: expected one of {', '.join(DTYPES)}")
-  layers = _parse_layers(args.layers)
-  ext = os.path.splitext(args.output)[1].lower()
-  if ext not in (".npy", ".npz"):
-    raise ConfigError(f"--output '{args.output}': expected a .npy (pooled) or .npz "
-                      "(--pooling none) file")
-  if (ext == ".npz") != (args.pooling == "none"):
-    raise ConfigError(
-        f"--output '{args.output}' with --pooling {args.pooling}: expected a "
-        f"{'.npz' if args.pooling == 'none' else '.npy'} file (per-token features, --pooling "
-        "none, go to .npz; pooled ones, cls/mean/pooler, to .npy)")
-  out_dir = os.path.dirname(os.path.abspath(args.output))
-  if not os.path.isdir(out_dir):
-    raise ConfigError(f"--output '{args.output}': directory {out_dir} does not exist")
-  if os.path.isdir(args.output):
-    raise ConfigError(f"--output '{args.output}' is a directory; expected a file name")
-  expect = _parse_expect(args.expect_config)
-  texts = read_inputs(args.input)
-  ex = Extractor.from_checkpoint(args.checkpoint, step=args.step, dtype=args.dtype,
-                                 max_length=args.max_length, batch_size=args.batch_size,
-                                 expect_config=expect)
-  feats = ex.extract(texts, layers=layers, pooling=args.pooling)
-  write_features(args.output, feats)
-  return feats
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  try:
-    args = _parser().parse_args(_join_negative_values(argv))
-    feats = run(args)
-  except BertJaxError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:
-    print("interrupted", file=sys.stderr)
-    return 130
-  print(f"wrote {args.output}: {feats.throughput()} on {jax.device_count()} "
-        f"{jax.devices()[0].platform} device(s)", file=sys.stderr)
-  return 0
-
-
-def cli() -> None:
-  """The console entry point (`bert-jax-features`)."""
-  sys.exit(main())
-
-
 if __name__ == "__main__":
-  cli()
+  from bert_jax import features_cli  # the CLI imports this module, so only here
+  features_cli.cli()

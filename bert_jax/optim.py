@@ -6,13 +6,16 @@ Knows nothing of the model: the weight-decay mask comes from parameter names
 (no decay on LayerNorm parameters or biases, as in the reference).
 """
 
-from typing import Any, Callable, NamedTuple
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from bert_jax.settings import OptimizerSettings
+if TYPE_CHECKING:  # settings imports the model; the optimizer does not need it
+  from bert_jax.settings import OptimizerSettings
 
 
 def bert_schedule(learning_rate: float, warmup_steps: int, num_steps: int) -> optax.Schedule:

@@ -40,7 +40,8 @@ class Reporter:
     if not self.active:
       return
     if self._writer is None:
-      from tensorboardX import SummaryWriter  # no TensorFlow needed
+      # tensorboardX imports torch when installed (+1.3 s a process): only a run that logs pays.
+      from tensorboardX import SummaryWriter  # in-function on purpose, see above
       self._writer = SummaryWriter(self._tensorboard_dir)
     for k, v in metrics.items():
       self._writer.add_scalar(f"{split}/{k}", float(v), step)
@@ -113,9 +114,9 @@ class Reporter:
   def plot(self, max_step: int) -> str:
     if not self.active:
       return ""
-    import matplotlib
+    import matplotlib  # heavy, and only needed when plotting
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
     rows = self.history(max_step)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, key, title in zip(axes, ("loss", "mlm_accuracy", "nsp_accuracy"),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import checkpointing, convert
+from bert_jax import checkpointing, convert, hf_weights
 from bert_jax.model import BertConfig
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -88,14 +88,14 @@ def assert_states_equal(a, b):
 
 def test_hf_state_survives_import_and_export_bit_exactly():
   state = hf_state()
-  params, report = convert.hf_state_to_params(state, tiny_config(), source="test")
+  params, report = hf_weights.hf_state_to_params(state, tiny_config(), source="test")
   assert set(report.groups.values()) == {"imported"}
-  assert_states_equal(convert.params_to_hf_state(params, tiny_config()), state)
+  assert_states_equal(hf_weights.params_to_hf_state(params, tiny_config()), state)
 
 
 def test_attention_kernels_are_split_into_heads_like_hf_reshapes():
   state = hf_state()
-  params, _ = convert.hf_state_to_params(state, tiny_config(), source="test")
+  params, _ = hf_weights.hf_state_to_params(state, tiny_config(), source="test")
   q = params["bert"]["layer_0"]["attention"]["query"]["kernel"]  # [D, H, K]
   w = state["bert.encoder.layer.0.attention.self.query.weight"]  # [out, in]
   # HF: x @ W.T, then view(..., H, K): output feature h*K + k is head h, slot k.
@@ -103,13 +103,13 @@ def test_attention_kernels_are_split_into_heads_like_hf_reshapes():
 
 
 def test_bertmodel_names_import_the_same_encoder_as_pretraining_names():
-  with_prefix, _ = convert.hf_state_to_params(hf_state(), tiny_config(), source="t")
+  with_prefix, _ = hf_weights.hf_state_to_params(hf_state(), tiny_config(), source="t")
   bare = hf_state(heads=False, prefix="")
-  without, report = convert.hf_state_to_params(bare, tiny_config(), source="t")
+  without, report = hf_weights.hf_state_to_params(bare, tiny_config(), source="t")
   assert report.groups == {"encoder": "imported", "pooler": "imported",
                            "mlm": "initialised", "nsp": "initialised"}
-  enc = convert.params_to_hf_state(with_prefix, tiny_config())
-  enc2 = convert.params_to_hf_state(without, tiny_config())
+  enc = hf_weights.params_to_hf_state(with_prefix, tiny_config())
+  enc2 = hf_weights.params_to_hf_state(without, tiny_config())
   for k in enc:
     if k.startswith("bert."):
       np.testing.assert_array_equal(enc[k], enc2[k], err_msg=k)
@@ -119,8 +119,8 @@ def test_legacy_layernorm_gamma_beta_names_are_accepted():
   state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
                                                                     "LayerNorm.beta"): v
            for k, v in hf_state().items()}
-  params, _ = convert.hf_state_to_params(state, tiny_config(), source="t")
-  assert_states_equal(convert.params_to_hf_state(params, tiny_config()), hf_state())
+  params, _ = hf_weights.hf_state_to_params(state, tiny_config(), source="t")
+  assert_states_equal(hf_weights.params_to_hf_state(params, tiny_config()), hf_state())
 
 
 def tf_variables(state):
@@ -149,7 +149,7 @@ def test_tf_variable_names_map_to_hf_names():
   tf = tf_variables(state)
   assert "bert/encoder/layer_1/attention/self/query/kernel" in tf  # the test's own spelling
   assert "cls/seq_relationship/output_weights" in tf
-  assert_states_equal(convert.tf_to_hf(tf), state)
+  assert_states_equal(hf_weights.tf_to_hf(tf), state)
 
 
 # --- settings taken from the source ---------------------------------------------
@@ -158,18 +158,18 @@ def test_tf_variable_names_map_to_hf_names():
 @pytest.mark.parametrize("act,approximate", [("gelu", False), ("gelu_new", True),
                                              ("gelu_pytorch_tanh", True)])
 def test_activation_maps_to_exact_or_tanh_gelu(act, approximate):
-  config = convert.bert_config_from_hf({**HF_CONFIG, "hidden_act": act}, "config.json")
+  config = hf_weights.bert_config_from_hf({**HF_CONFIG, "hidden_act": act}, "config.json")
   assert config.gelu_approximate is approximate
 
 
 def test_config_settings_come_from_the_source():
   hf = {**HF_CONFIG, "layer_norm_eps": 1e-7, "initializer_range": 0.05, "type_vocab_size": 4,
         "max_position_embeddings": 40, "hidden_dropout_prob": 0.2}
-  c = convert.bert_config_from_hf(hf, "config.json")
+  c = hf_weights.bert_config_from_hf(hf, "config.json")
   assert (c.layer_norm_eps, c.initializer_range, c.type_vocab_size,
           c.max_position_embeddings, c.dropout_rate) == (1e-7, 0.05, 4, 40, 0.2)
   assert (c.dtype, c.vocab_pad_multiple) == ("float32", 1)
-  back = convert.hf_config_from_bert(c)
+  back = hf_weights.hf_config_from_bert(c)
   assert {k: back[k] for k in hf if k != "architectures"} == {
       k: v for k, v in hf.items() if k != "architectures"}
 
@@ -187,8 +187,8 @@ def test_import_writes_a_checkpoint_that_restore_params_reads(tmp_path, capsys):
   assert meta["heads"] == {"encoder": "imported", "pooler": "imported", "mlm": "imported",
                            "nsp": "imported"}
   config = BertConfig.from_dict(meta["model_config"])
-  assert config == convert.bert_config_from_hf(HF_CONFIG, "x")
-  assert_states_equal(convert.params_to_hf_state(params, config), state)
+  assert config == hf_weights.bert_config_from_hf(HF_CONFIG, "x")
+  assert_states_equal(hf_weights.params_to_hf_state(params, config), state)
   assert "imported huggingface:" in capsys.readouterr().out
 
 
@@ -250,7 +250,7 @@ def jax_leaves(tree):
 def test_export_of_a_training_workdir_cuts_the_padded_vocabulary(tmp_path):
   import jax
   config = tiny_config(vocab_pad_multiple=8)  # 21 -> 24 rows
-  params, _ = convert.hf_state_to_params(hf_state(), config, source="t")
+  params, _ = hf_weights.hf_state_to_params(hf_state(), config, source="t")
   params["bert"]["embeddings"]["word_embeddings"]["embedding"][V:] = 1.0  # must be cut
   params["mlm_bias"][V:] = 1.0
   mngr = checkpointing.manager(str(tmp_path / "run" / "checkpoints"), async_save=False)
@@ -390,7 +390,7 @@ def test_pytorch_bin_is_loaded_weights_only(tmp_path):
              str(tmp_path / "hf" / "pytorch_model.bin"))
   assert convert.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
   params, meta = checkpointing.restore_params(str(tmp_path / "out"))
-  assert_states_equal(convert.params_to_hf_state(
+  assert_states_equal(hf_weights.params_to_hf_state(
       params, BertConfig.from_dict(meta["model_config"])), state)
 
 
@@ -421,7 +421,7 @@ def test_from_tf_reads_a_real_tensorflow_checkpoint(tmp_path):
   assert convert.main(["from-tf", str(tf_dir), str(tmp_path / "out")]) == 0
   params, meta = checkpointing.restore_params(str(tmp_path / "out"))
   assert meta["lowercase"] is True and meta["source"].startswith("tensorflow:")
-  assert_states_equal(convert.params_to_hf_state(
+  assert_states_equal(hf_weights.params_to_hf_state(
       params, BertConfig.from_dict(meta["model_config"])), state)
 
 
@@ -438,6 +438,6 @@ def test_import_of_weights_with_nan_or_inf_warns_once_naming_the_tensors(tmp_pat
   params, meta = checkpointing.restore_params(str(tmp_path / "out"))  # imported as they are
   assert_states_equal(convert.params_to_hf_state(
       params, BertConfig.from_dict(meta["model_config"])), state)
-  assert convert.non_finite_tensors(hf_state()) == []
-  assert convert.non_finite_tensors({"b": np.array([1.0, np.inf]), "a": np.array([np.nan]),
+  assert hf_weights.non_finite_tensors(hf_state()) == []
+  assert hf_weights.non_finite_tensors({"b": np.array([1.0, np.inf]), "a": np.array([np.nan]),
                                      "i": np.array([1, 2])}) == ["a", "b"]

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from bert_jax import corpus
+from bert_jax import corpus, corpus_files
 from bert_jax.errors import ConfigError, CorpusError
 
 SHIPPED = os.path.join(os.path.dirname(__file__), os.pardir, "data", "corpus.txt")
@@ -68,7 +68,7 @@ def test_max_documents_caps_the_documents(tmp_path):
 
 
 def test_file_is_read_in_blocks_not_whole(tmp_path, monkeypatch):
-  monkeypatch.setattr(corpus, "_BLOCK_BYTES", 64)
+  monkeypatch.setattr(corpus_files, "_BLOCK_BYTES", 64)
   path = write(tmp_path, "first doc.\n\n" + "".join(f"line {i}.\n" for i in range(100)))
   docs = corpus.read_documents(path, fmt="plain")
   assert next(docs) == ["first doc."]
@@ -163,7 +163,7 @@ def test_utf8_byte_order_mark_crlf_and_cr_line_ends_are_accepted(tmp_path):
 
 
 def test_crlf_split_across_read_blocks_is_one_line_end(tmp_path, monkeypatch):
-  monkeypatch.setattr(corpus, "_BLOCK_BYTES", 5)
+  monkeypatch.setattr(corpus_files, "_BLOCK_BYTES", 5)
   path = write(tmp_path, b"abcd\r\nefgh\r\nij\r\n\r\nkl\r\n")
   assert read(path, fmt="plain") == [["abcd", "efgh", "ij"], ["kl"]]
 
@@ -175,7 +175,7 @@ def test_a_10_megabyte_line_is_cut_into_pieces_and_counted(tmp_path):
   docs = read(path, fmt="plain", stats=stats)
   assert docs[1] == ["next doc."]
   pieces = docs[0][1:]
-  assert len(pieces) == 10 and max(len(p.encode()) for p in pieces) <= corpus.MAX_LINE_BYTES
+  assert len(pieces) == 10 and max(len(p.encode()) for p in pieces) <= corpus_files.MAX_LINE_BYTES
   assert pieces[-1].endswith("\u00e9 end.") and stats.count("invalid_utf8") == 0
   assert stats.count("long_lines") == 1
   assert_one_line_naming(stats.warnings(), path, "line 2")
@@ -197,7 +197,7 @@ def test_tab_line_with_an_empty_half_is_skipped_and_counted(tmp_path):
 
 
 def test_tab_line_over_the_line_limit_is_skipped_whole(tmp_path):
-  path = write(tmp_path, "a\tb\n" + "x" * (2 * corpus.MAX_LINE_BYTES + 5) + "\ty\nc\td\n")
+  path = write(tmp_path, "a\tb\n" + "x" * (2 * corpus_files.MAX_LINE_BYTES + 5) + "\ty\nc\td\n")
   stats = corpus.CorpusStats()
   assert read(path, fmt="tab", stats=stats) == [["a", "b"], ["c", "d"]]
   assert stats.count("tab_lines_skipped") == 1
@@ -211,7 +211,7 @@ def test_tab_format_without_any_tab_line_raises_naming_file_and_first_line(tmp_p
 
 
 def test_a_huge_document_is_cut_into_several_and_counted(tmp_path, monkeypatch):
-  monkeypatch.setattr(corpus, "MAX_DOCUMENT_SENTENCES", 3)
+  monkeypatch.setattr(corpus_files, "MAX_DOCUMENT_SENTENCES", 3)
   path = write(tmp_path, "".join(f"s{i}.\n" for i in range(7)) + "\nother.\n")
   stats = corpus.CorpusStats()
   assert [len(d) for d in read(path, fmt="plain", stats=stats)] == [3, 3, 1, 1]

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, features, sharding
+from bert_jax import checkpointing, features, features_cli, sharding
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.model import BertConfig, BertForPreTraining, BertModel
 from bert_jax.tokenizer import SPECIAL_TOKENS, Tokenizer
@@ -206,7 +206,7 @@ def one_device_run(ckpt, tmp_path_factory):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
              JAX_PLATFORMS="cpu")
   # Also reports which training modules the run pulled in.
-  code = ("import sys; from bert_jax import features; rc = features.main(sys.argv[1:]); "
+  code = ("import sys; from bert_jax import features_cli; rc = features_cli.main(sys.argv[1:]); "
           "print([m for m in ('optax', 'bert_jax.optim', 'bert_jax.trainer') "
           "if m in sys.modules]); sys.exit(rc)")
   proc = subprocess.run(
@@ -234,8 +234,8 @@ def test_cli_npz_holds_concatenated_tokens_with_offsets(ckpt, extractor, tmp_pat
   texts = ["the cat sat", "river flows\tpast old stone bridge", "rain"]
   inp = _write(tmp_path / "in.txt", "\n".join(texts))
   out = str(tmp_path / "tokens.npz")
-  assert features.main(["--checkpoint", ckpt[0], "--input", inp, "--output", out,
-                        "--pooling", "none", "--layers", "-3,-1"]) == 0
+  assert features_cli.main(["--checkpoint", ckpt[0], "--input", inp, "--output", out,
+                            "--pooling", "none", "--layers", "-3,-1"]) == 0
   z = np.load(out)
   want = extractor.extract(texts, layers=(-3, -1), pooling="none")
   assert z["layers"].tolist() == [0, CONFIG.num_layers]
@@ -299,7 +299,7 @@ def test_bad_input_is_one_line_error_and_leaves_output_untouched(case, ckpt, bad
     with open(out, "wb") as f:
       f.write(old)
   before = sorted(os.listdir(tmp_path))
-  assert features.main([x for kv in args.items() for x in kv]) == 2
+  assert features_cli.main([x for kv in args.items() for x in kv]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: "), err
   for w in words:
@@ -313,7 +313,7 @@ def test_bad_input_is_one_line_error_and_leaves_output_untouched(case, ckpt, bad
 def test_blank_lines_keep_one_row_per_line(ckpt, tmp_path, capsys):
   inp = _write(tmp_path / "in.txt", "the cat\n\nsat on a mat\n")
   out = str(tmp_path / "f.npy")
-  assert features.main(["--checkpoint", ckpt[0], "--input", inp, "--output", out]) == 0
+  assert features_cli.main(["--checkpoint", ckpt[0], "--input", inp, "--output", out]) == 0
   assert np.load(out).shape[0] == 3
   assert "1 blank line(s) (first: line 2)" in capsys.readouterr().err
 
@@ -334,7 +334,7 @@ def test_cli_features_of_imported_minilm_equal_transformers(tmp_path, monkeypatc
   texts = ["Hello, World! How are you?", "The café\tserves Crème Brûlée daily.",
            "unbelievably long-winded sentences tokenize into many word pieces"]
   inp = _write(tmp_path / "in.txt", "\n".join(texts) + "\n")
-  run = lambda out, pooling: features.main([
+  run = lambda out, pooling: features_cli.main([
       "--checkpoint", str(tmp_path / "minilm"), "--input", inp, "--output", str(tmp_path / out),
       "--pooling", pooling, "--batch_size", "8"])
   assert run("mean.npy", "mean") == 0 and run("tokens.npz", "none") == 0

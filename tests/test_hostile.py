@@ -10,7 +10,7 @@ nothing already there changes.
 
 How each case runs: `train.py` in a subprocess where flag parsing or the CLI
 itself is the point; `trainer.train_and_evaluate`, `dataset.prepare`,
-`convert.main` and `features.main` in this process otherwise (a BertJaxError
+`convert.main` and `features_cli.main` in this process otherwise (a BertJaxError
 becomes `error: ...` and 2 exactly as train.py does), which keeps the table fast.
 """
 
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, convert, dataset, features, settings
+from bert_jax import checkpointing, convert, dataset, features_cli, settings
 from bert_jax.errors import BertJaxError
 from bert_jax.model import abstract_params
 from bert_jax.tokenizer import SPECIAL_TOKENS
@@ -171,7 +171,7 @@ def _run(call: Call, w: World) -> Result:
       elif call.tool == "convert":
         rc = convert.main(call.args)
       else:
-        rc = features.main(call.args)
+        rc = features_cli.main(call.args)
     except BertJaxError as e:
       print(f"error: {e}", file=sys.stderr)
       rc = 2

@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bert_jax import checkpointing, convert, losses  # noqa: E402
+from bert_jax import checkpointing, convert, hf_weights, losses  # noqa: E402
 from bert_jax.model import BertConfig, BertForPreTraining, BertModel  # noqa: E402
 from bert_jax.tokenizer import Tokenizer  # noqa: E402
 
@@ -222,7 +222,7 @@ def test_pretraining_loss_and_every_gradient_match_transformers(small):
   assert abs(float(loss) - ref_loss) <= 1e-5 * ref_loss
   # Our gradient tree in HF names. The decoder is tied to the word embeddings in
   # both: each side's word-embedding gradient already sums both uses.
-  ours = convert.params_to_hf_state(grads, config)
+  ours = hf_weights.params_to_hf_state(grads, config)
   theirs = {n: p.grad.numpy() for n, p in hf.named_parameters()}
   assert sorted(ours) == sorted(theirs)
   for name, g in theirs.items():

@@ -1,0 +1,242 @@
+"""The `python -m bert_jax.features` / `bert-jax-features` command line.
+
+Owns argument parsing and checking, reading the input text file (one input
+per line) and writing the output files; the extraction itself is
+`bert_jax.features.Extractor`.
+
+  --output X.npy  pooled features: float32 [N, Y, D], row i = input line i.
+  --output X.npz  per-token features (--pooling none), inputs concatenated:
+    hidden       float32 [total_tokens, Y, D]
+    offsets      int64 [N + 1]: line i is rows offsets[i]:offsets[i + 1]
+    lengths      int64 [N]: tokens of line i ([CLS] and [SEP] included)
+    tokens       str [total_tokens]: word pieces, e.g. "[CLS]", "hello", "##s"
+    token_ids    int32 [total_tokens]
+    segment_ids  int32 [total_tokens]: 0 for [CLS] A [SEP], 1 for B [SEP]
+    layers       int32 [Y]: absolute layer indices (0 = embeddings)
+
+Like features.py, this module never imports the optimizer or the trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+import jax
+import numpy as np
+
+from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.features import DTYPES, POOLINGS, Extractor, Features
+from bert_jax.tokenizer import CLS, SEP
+
+
+class InputFileError(BertJaxError):
+  """The text file to extract features from cannot be read as inputs."""
+
+
+def _warn(msg: str) -> None:
+  print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------
+# Files
+
+
+def read_inputs(path: str) -> list[str]:
+  """One input per line (a text or `A<TAB>B`); blank lines are kept as empty texts.
+
+  Keeping them means output row i is always line i + 1 of the file.
+  """
+  if not os.path.exists(path):
+    raise InputFileError(f"input file '{path}' does not exist")
+  if os.path.isdir(path):
+    raise InputFileError(f"input file '{path}' is a directory; expected a text file "
+                         "with one input per line")
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data[:e.start].count(b"\n") + 1
+    raise InputFileError(f"input file '{path}' is not UTF-8: line {line}, byte offset "
+                         f"{e.start} (0x{data[e.start]:02x}); expected UTF-8 text") from None
+  if text.startswith("\ufeff"):
+    text = text[1:]  # a UTF-8 byte order mark is not part of the first text
+  # Only "\n" ends a line: str.splitlines would also split on form feeds and
+  # other separators and shift row numbers against the file's lines.
+  lines = [l[:-1] if l.endswith("\r") else l for l in text.split("\n")]
+  if lines and lines[-1] == "":
+    lines.pop()
+  blank = [i + 1 for i, l in enumerate(lines) if not l.strip()]
+  if not lines or len(blank) == len(lines):
+    raise InputFileError(f"input file '{path}' is empty" + (" (only blank lines)" if lines else "")
+                         + "; expected one text or 'A<TAB>B' pair per line")
+  if blank:
+    _warn(f"input file '{path}': {len(blank)} blank line(s) (first: line {blank[0]}) "
+          f"give features of '{CLS} {SEP}' to keep one row per line")
+  return lines
+
+
+def _write_atomic(path: str, write) -> None:
+  # Write next to the target, then rename: a failure never leaves a partial file.
+  tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
+                     f".{os.path.basename(path)}.tmp-{os.getpid()}")
+  try:
+    with open(tmp, "wb") as f:
+      write(f)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def write_features(path: str, features: Features) -> None:
+  """`.npy`: pooled [N, Y, D]; `.npz`: per-token arrays (module docstring)."""
+  ext = os.path.splitext(path)[1].lower()
+  if ext == ".npy":
+    if features.pooled_NxYxD is None:
+      raise ConfigError(f"output '{path}': per-token features need a .npz file")
+    _write_atomic(path, lambda f: np.save(f, features.pooled_NxYxD))
+  elif ext == ".npz":
+    if features.hidden_TxYxD is None:
+      raise ConfigError(f"output '{path}': pooled features need a .npy file")
+    lengths = features.lengths_N.astype(np.int64)
+    arrays = {
+        "hidden": np.concatenate(features.hidden_TxYxD, axis=0),
+        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        "lengths": lengths,
+        "tokens": np.array([t for toks in features.tokens for t in toks], dtype=str),
+        "token_ids": np.concatenate(features.token_ids).astype(np.int32),
+        "segment_ids": np.concatenate(features.segment_ids).astype(np.int32),
+        "layers": np.asarray(features.layers, np.int32)}
+    _write_atomic(path, lambda f: np.savez(f, **arrays))
+  else:
+    raise ConfigError(f"output '{path}': expected a .npy (pooled) or .npz (per-token) file")
+
+
+# ----------------------------------------------------------------------------
+# CLI
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):  # one line, like every other bert-jax error
+    raise ConfigError(message)
+
+
+def _parse_layers(text: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(x) for x in text.split(","))
+  except ValueError:
+    raise ConfigError(f"--layers={text!r}: expected comma-separated integers "
+                      "such as -1 or -4,-3,-2,-1") from None
+
+
+def _parse_expect(text: str) -> dict:
+  out = {}
+  for item in filter(None, text.split(",")):
+    key, eq, value = item.partition("=")
+    if not eq:
+      raise ConfigError(f"--expect_config={text!r}: expected key=value[,key=value...]")
+    try:
+      out[key.strip()] = int(value)
+    except ValueError:
+      out[key.strip()] = {"true": True, "false": False}.get(value.lower(), value)
+  return out
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = _Parser(prog="python -m bert_jax.features",
+              description="Per-token or pooled BERT features of a text file, one input per "
+              "line (a text or 'A<TAB>B'), from a bert-jax checkpoint.")
+  p.add_argument("--checkpoint", required=True,
+                 help="workdir, its checkpoints/ folder, or one step folder")
+  p.add_argument("--input", required=True, help="UTF-8 text file, one input per line")
+  p.add_argument("--output", required=True,
+                 help=".npy for pooled features [N, layers, D], .npz for --pooling none")
+  p.add_argument("--layers", default="-1",
+                 help="comma-separated: 0 = embeddings, -1 = last layer (default -1)")
+  p.add_argument("--pooling", default="cls", help=f"one of {', '.join(POOLINGS)} (default cls)")
+  p.add_argument("--max_length", type=int, default=None,
+                 help="tokens per input incl. [CLS]/[SEP]; longer inputs are truncated "
+                 "(default: the checkpoint's max_position_embeddings; short inputs are "
+                 "padded only to their length bucket either way)")
+  p.add_argument("--batch_size", type=int, default=32,
+                 help="rounded up to a multiple of the device count")
+  p.add_argument("--dtype", default="float32", help=f"compute dtype: {', '.join(DTYPES)}")
+  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+  p.add_argument("--expect_config", default="",
+                 help="e.g. num_layers=12,hidden_size=768: fail unless the checkpoint matches")
+  return p
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+  # argparse would take "-4,-3,-2,-1" after --layers for an option name.
+  out, i = [], 0
+  while i < len(argv):
+    if argv[i] == "--layers" and i + 1 < len(argv):
+      out.append(f"--layers={argv[i + 1]}")
+      i += 2
+    else:
+      out.append(argv[i])
+      i += 1
+  return out
+
+
+def run(args: argparse.Namespace) -> Features:
+  """Checks the cheap things first so bad input fails before any restore."""
+  if args.pooling not in POOLINGS:
+    raise ConfigError(f"--pooling={args.pooling!r}: expected one of {', '.join(POOLINGS)}")
+  if args.dtype not in DTYPES:
+    raise ConfigError(f"--dtype={args.dtype!r}: expected one of {', '.join(DTYPES)}")
+  layers = _parse_layers(args.layers)
+  ext = os.path.splitext(args.output)[1].lower()
+  if ext not in (".npy", ".npz"):
+    raise ConfigError(f"--output '{args.output}': expected a .npy (pooled) or .npz "
+                      "(--pooling none) file")
+  if (ext == ".npz") != (args.pooling == "none"):
+    raise ConfigError(
+        f"--output '{args.output}' with --pooling {args.pooling}: expected a "
+        f"{'.npz' if args.pooling == 'none' else '.npy'} file (per-token features, --pooling "
+        "none, go to .npz; pooled ones, cls/mean/pooler, to .npy)")
+  out_dir = os.path.dirname(os.path.abspath(args.output))
+  if not os.path.isdir(out_dir):
+    raise ConfigError(f"--output '{args.output}': directory {out_dir} does not exist")
+  if os.path.isdir(args.output):
+    raise ConfigError(f"--output '{args.output}' is a directory; expected a file name")
+  expect = _parse_expect(args.expect_config)
+  texts = read_inputs(args.input)
+  ex = Extractor.from_checkpoint(args.checkpoint, step=args.step, dtype=args.dtype,
+                                 max_length=args.max_length, batch_size=args.batch_size,
+                                 expect_config=expect)
+  feats = ex.extract(texts, layers=layers, pooling=args.pooling)
+  write_features(args.output, feats)
+  return feats
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  try:
+    args = _parser().parse_args(_join_negative_values(argv))
+    feats = run(args)
+  except BertJaxError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    return 130
+  print(f"wrote {args.output}: {feats.throughput()} on {jax.device_count()} "
+        f"{jax.devices()[0].platform} device(s)", file=sys.stderr)
+  return 0
+
+
+def cli() -> None:
+  """The console entry point (`bert-jax-features`)."""
+  sys.exit(main())
+
+
+if __name__ == "__main__":
+  cli()
