@@ -139,7 +139,8 @@ class Reporter:
       ax.set_xlabel("step")
       ax.set_ylabel(ylabel)
       ax.grid(alpha=0.3)
-      ax.legend()
+      if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     tmp = self.plot_path + ".tmp.png"
     fig.savefig(tmp, dpi=100)
