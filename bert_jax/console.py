@@ -1,20 +1,42 @@
 """What a run tells the person at the terminal: one process speaks, errors fit one line."""
 
+import contextlib
 import os
 import re
 import sys
+from typing import Callable, Optional
 
 import jax
+
+# While a progress bar is on screen, lines go through its `write` (set by `through`).
+_bar_write: Optional[Callable] = None
 
 
 def log(msg: str) -> None:
   if jax.process_index() == 0:
-    print(msg, flush=True)
+    if _bar_write is not None:
+      _bar_write(msg, file=sys.stdout)
+    else:
+      print(msg, flush=True)
 
 
 def warn(msg: str) -> None:
   if jax.process_index() == 0:
-    print(msg, file=sys.stderr, flush=True)
+    if _bar_write is not None:
+      _bar_write(msg, file=sys.stderr)
+    else:
+      print(msg, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def through(bar):
+  """Inside the block, `log` and `warn` print through the (tqdm) bar: no line glued to it."""
+  global _bar_write
+  before, _bar_write = _bar_write, (None if bar.disable else bar.write)
+  try:
+    yield
+  finally:
+    _bar_write = before
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:

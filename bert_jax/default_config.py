@@ -9,7 +9,7 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.seed = 0
+  c.seed = 0  # seed of initialisation, masking, dropout and data order
 
   # --- data: text -> WordPiece -> sentence-pair examples (stored once via TFDS) ---
   c.data = ml_collections.ConfigDict()
@@ -21,35 +21,35 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.vocab_file = ""  # '' = train a WordPiece vocab on the corpus
   c.data.vocab_size = 30522  # target size when training a vocab
   c.data.vocab_sample_bytes = 100_000_000  # a trained vocab learns from this much text
-  c.data.lowercase = True
-  c.data.short_seq_prob = 0.1
+  c.data.lowercase = True  # lowercase the text (an uncased model)
+  c.data.short_seq_prob = 0.1  # chance that an example gets a shorter target length (as BERT)
   c.data.dupe_factor = 5  # passes over the corpus, each with fresh pairs
   c.data.eval_fraction = 0.05  # of documents held out for evaluation
-  c.data.max_eval_examples = 2048
+  c.data.max_eval_examples = 2048  # cap on the examples of the eval split
   c.data.max_documents = 0  # 0 = all (useful to cap TFDS corpora)
   c.data.cache_dir = ""  # '' = <workdir>/prepared; prepared data is reused from here
 
   # --- masking (done on device inside the jitted step) ---
   c.masking = ml_collections.ConfigDict()
-  c.masking.mask_prob = 0.15
-  c.masking.whole_word = False
+  c.masking.mask_prob = 0.15  # fraction of tokens predicted (80% [MASK], 10% random, 10% kept)
+  c.masking.whole_word = False  # mask all word pieces of a word together
 
   # --- model ---
   c.model = ml_collections.ConfigDict()
-  c.model.hidden_size = 768
-  c.model.num_layers = 12
-  c.model.num_heads = 12
-  c.model.intermediate_size = 3072
-  c.model.max_position_embeddings = 512
-  c.model.type_vocab_size = 2
-  c.model.dropout_rate = 0.1
-  c.model.attention_dropout_rate = 0.1
-  c.model.layer_norm_eps = 1e-12
-  c.model.initializer_range = 0.02
+  c.model.hidden_size = 768  # width of every layer
+  c.model.num_layers = 12  # transformer layers
+  c.model.num_heads = 12  # attention heads (must divide hidden_size)
+  c.model.intermediate_size = 3072  # feed-forward width
+  c.model.max_position_embeddings = 512  # longest sequence the model can take
+  c.model.type_vocab_size = 2  # segment types (sentence A and B)
+  c.model.dropout_rate = 0.1  # dropout on hidden states
+  c.model.attention_dropout_rate = 0.1  # dropout on attention probabilities
+  c.model.layer_norm_eps = 1e-12  # LayerNorm epsilon
+  c.model.initializer_range = 0.02  # stddev of the truncated-normal initialiser
   c.model.gelu_approximate = False  # reference BERT uses exact (erf) GELU
   c.model.vocab_pad_multiple = 128  # pad the embedding table for fast matmuls
   c.model.dtype = "bfloat16"  # compute dtype; params, softmax and loss stay float32
-  c.model.remat = False
+  c.model.remat = False  # recompute activations in the backward pass (less memory, more time)
   # Dropout's random bits: 'hash' (a keyed counter hash, cheap) or 'threefry'
   # (JAX's default generator). Same keep probability either way.
   c.model.dropout_rng = "hash"
@@ -57,22 +57,22 @@ def get_config() -> ml_collections.ConfigDict:
   # --- optimization ---
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 256  # global, across all devices and hosts
-  c.train.num_steps = 1_000_000
-  c.train.learning_rate = 1e-4
-  c.train.warmup_steps = 10_000
-  c.train.b1 = 0.9
-  c.train.b2 = 0.999
-  c.train.eps = 1e-6
-  c.train.weight_decay = 0.01
-  c.train.max_grad_norm = 1.0
-  c.train.grad_accum_steps = 1
+  c.train.num_steps = 1_000_000  # optimizer steps over all phases
+  c.train.learning_rate = 1e-4  # peak, after warm-up; then linear decay to 0 at num_steps
+  c.train.warmup_steps = 10_000  # linear warm-up from 0 over this many steps
+  c.train.b1 = 0.9  # Adam beta1
+  c.train.b2 = 0.999  # Adam beta2
+  c.train.eps = 1e-6  # Adam epsilon
+  c.train.weight_decay = 0.01  # decoupled weight decay (not on biases and LayerNorm)
+  c.train.max_grad_norm = 1.0  # clip the global gradient norm to this
+  c.train.grad_accum_steps = 1  # micro-batches per step (same result, less memory)
   # A step whose loss or gradient is NaN/inf is skipped (changes nothing);
   # this many in a row stop the run with an error.
   c.train.max_consecutive_nonfinite = 10
   # Two-phase sequence length: fraction of steps, max length, max predictions.
-  c.train.phase_fractions = (0.9, 0.1)
-  c.train.seq_lens = (128, 512)
-  c.train.max_predictions = (20, 80)
+  c.train.phase_fractions = (0.9, 0.1)  # fraction of num_steps in each phase
+  c.train.seq_lens = (128, 512)  # sequence length of each phase
+  c.train.max_predictions = (20, 80)  # masked positions per sequence in each phase
 
   # --- parallelism: a (data, model) mesh over all devices of all hosts ---
   c.mesh = ml_collections.ConfigDict()
@@ -80,10 +80,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.mesh.param_sharding = "replicated"  # 'replicated' | 'fsdp' (params sharded over data)
 
   # --- bookkeeping ---
-  c.log_every = 100
-  c.eval_every = 10_000
+  c.log_every = 100  # steps between train metrics and throughput lines
+  c.eval_every = 10_000  # steps between evaluations
   c.eval_batches = 0  # 0 = whole eval split
-  c.checkpoint_every = 10_000
-  c.keep_checkpoints = 3
-  c.progress_bar = True
+  c.checkpoint_every = 10_000  # steps between checkpoints
+  c.keep_checkpoints = 3  # newest checkpoints kept
+  c.progress_bar = True  # show a progress bar in the terminal
   return c

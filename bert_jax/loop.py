@@ -1,8 +1,21 @@
 """The training loop: phases of steps, logging, periodic eval and checkpoints, stops.
 
+Rates are measured over synchronised intervals: at each log point the loop
+waits for the last step's metrics before reading the clock, so steps/s times
+the steps of an interval is its wall time. The first step of a phase (its
+compilation) and evaluations are timed apart. Between log points at most
+`_MAX_IN_FLIGHT` steps are queued on the device, so the progress bar follows
+the steps as they finish instead of stalling at every log point.
+
 Shape legend: B global batch.
 """
 
+# Steps dispatched ahead of the newest finished one: enough to keep the device
+# busy, few enough that the bar and its time estimate stay smooth.
+_MAX_IN_FLIGHT = 2
+
+import collections
+import math
 import signal
 import time
 from typing import Optional
@@ -12,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from bert_jax import input_pipeline, sharding
+from bert_jax import console, flops, input_pipeline, sharding
 from bert_jax.dataset import Prepared
 from bert_jax.errors import NonFiniteError, Preempted
 from bert_jax.preemption import StopSignals
@@ -29,6 +42,86 @@ class TrainLoop:
                prepared: Prepared, reporter: Reporter, signals: StopSignals, state: RunState):
     self.s, self.steps, self.ckpts, self.prepared = settings, steps, ckpts, prepared
     self.reporter, self.signals, self.state = reporter, signals, state
+    self.device_kind = jax.devices()[0].device_kind
+    self.peak = flops.peak_flops(self.device_kind)  # per device; None: unknown (CPU)
+    self.compile_s: dict[int, float] = {}  # phase index -> time of its first step
+    self.eval_s = 0.0
+    self.totals = collections.Counter()  # timed steps, seconds, sequences, tokens, FLOPs
+    self._evals: list[tuple[float, float]] = []  # (eval loss, latest train loss)
+    self._last_train_loss = float("nan")
+    self._warned_overfit = False
+
+  def flops_per_step(self, phase: Phase) -> float:
+    c = self.steps.bert_config
+    return flops.model_flops(c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
+                             "train", self.s.train.batch_size, phase.seq_len,
+                             phase.max_predictions)
+
+  def rates(self, seconds: float, n_steps: int, real_tokens: float, phase: Phase) -> dict:
+    """Throughput of `n_steps` steps of `phase` that took `seconds` (synchronised)."""
+    B = self.s.train.batch_size
+    if n_steps <= 0 or seconds <= 0:
+      return {}
+    step_flops = self.flops_per_step(phase)
+    t = self.totals
+    t["steps"] += n_steps
+    t["seconds"] += seconds
+    t["sequences"] += n_steps * B
+    t["tokens"] += n_steps * B * phase.seq_len
+    t["real_tokens"] += real_tokens
+    t["flops"] += n_steps * step_flops
+    out = {"steps_per_sec": n_steps / seconds, "sequences_per_sec": n_steps * B / seconds,
+           "tokens_per_sec": n_steps * B * phase.seq_len / seconds,
+           "real_tokens_per_sec": real_tokens / seconds,
+           "model_flops_per_sec": n_steps * step_flops / seconds}
+    if self.peak:
+      out["mfu"] = out["model_flops_per_sec"] / (self.peak * jax.device_count())
+    return out
+
+  def throughput_note(self) -> str:
+    """The start-up line: FLOPs per sequence, and the peak MFU is measured against."""
+    per_seq = ", ".join(f"{self.flops_per_step(ph) / self.s.train.batch_size / 1e9:.3g} "
+                        f"GFLOP per sequence at length {ph.seq_len}"
+                        for ph in self.s.train.phases)
+    if self.peak:
+      return (f"throughput: {per_seq} (model FLOPs, 3x forward); MFU against the dense bfloat16 "
+              f"peak of {jax.device_count()} x {self.device_kind} "
+              f"({self.peak / 1e12:.0f} TFLOP/s each)")
+    return (f"throughput: {per_seq} (model FLOPs, 3x forward); MFU left out: no known peak "
+            f"FLOP/s for device kind {self.device_kind!r}")
+
+  def summary(self) -> Optional[str]:
+    """The end-of-run line: average rates of this session's timed steps, compile times."""
+    t = self.totals
+    if not t["steps"] and not self.compile_s:
+      return None
+    parts = []
+    if t["steps"]:
+      sec = t["seconds"]
+      parts.append(
+          f"{int(t['steps'])} steps in {sec:.1f} s: {t['steps'] / sec:.2f} steps/s, "
+          f"{t['sequences'] / sec:.1f} sequences/s, {t['tokens'] / sec:.0f} tokens/s "
+          f"({t['real_tokens'] / sec:.0f} real), {t['flops'] / sec / 1e12:.3g} model TFLOP/s"
+          + (f", MFU {t['flops'] / sec / (self.peak * jax.device_count()):.1%}"
+             if self.peak else ""))
+    parts.append("compile (first step) " + ", ".join(
+        f"phase {i} {sec:.1f} s" for i, sec in sorted(self.compile_s.items())))
+    if self.eval_s:
+      parts.append(f"evaluation {self.eval_s:.1f} s")
+    return "throughput: " + "; ".join(parts)
+
+  def _after_eval(self, ev: dict) -> dict:
+    """Adds standard errors; warns once when eval loss rises while train loss falls."""
+    ev = with_stderr(ev)
+    self._evals.append((ev["loss"], self._last_train_loss))
+    if len(self._evals) >= 3 and not self._warned_overfit:
+      (e0, t0), (e1, t1), (e2, t2) = self._evals[-3:]
+      if e0 < e1 < e2 and t0 > t1 > t2:
+        self._warned_overfit = True
+        console.warn(f"warning: eval loss rose {e0:.3f} -> {e1:.3f} -> {e2:.3f} over the last "
+                     f"three evaluations while train loss fell {t0:.3f} -> {t1:.3f} -> "
+                     f"{t2:.3f}: the model is overfitting; use more data or fewer steps")
+    return ev
 
   def eval_batches(self, phase: Phase):
     return input_pipeline.eval_batches(self.prepared.eval[phase.seq_len],
@@ -36,8 +129,11 @@ class TrainLoop:
                                        jax.process_index(), jax.process_count())
 
   def evaluate(self, phase: Phase) -> dict:
-    return self.steps.evaluate(self.state.params, self.eval_batches(phase),
-                               phase.max_predictions, self.s.run.eval_batches)
+    t0 = time.perf_counter()
+    ev = self.steps.evaluate(self.state.params, self.eval_batches(phase),
+                             phase.max_predictions, self.s.run.eval_batches)
+    self.eval_s += time.perf_counter() - t0
+    return ev
 
   def stop_if_requested(self, sync: bool = False, phase: Optional[Phase] = None,
                         position: int = 0) -> None:
@@ -55,15 +151,20 @@ class TrainLoop:
 
   def train(self) -> None:
     run, st = self.s.run, self.state
+    if st.step < self.s.train.num_steps:
+      console.log(self.throughput_note())
     bar = tqdm(total=self.s.train.num_steps, initial=st.step, unit="step", dynamic_ncols=True,
-               disable=not run.progress_bar or jax.process_index() != 0)
+               smoothing=0.05, disable=not run.progress_bar or jax.process_index() != 0)
     try:
-      for phase in self.s.train.phases:
-        if st.step < phase.end:
-          self._train_phase(phase, bar)
-        st.position = 0
+      with console.through(bar):
+        for phase in self.s.train.phases:
+          if st.step < phase.end:
+            self._train_phase(phase, bar)
+          st.position = 0
     finally:
       bar.close()
+    if (line := self.summary()) is not None:
+      console.log(line)
 
   def _train_phase(self, phase: Phase, bar: tqdm) -> None:
     run, st, B = self.s.run, self.state, self.s.train.batch_size
@@ -74,35 +175,63 @@ class TrainLoop:
         process_index=jax.process_index(), process_count=jax.process_count(),
         start_batch=start_batch)
     step_fn = self.steps.train_step_fn(phase.max_predictions)
-    print_line = bar.write if not bar.disable else print
-    if jax.process_index() == 0:
-      print_line(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
-                 f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
-    pending, t_last, n_last = [], time.perf_counter(), st.step
+    console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
+                f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
+    pending, in_flight = [], collections.deque()
+    # The interval being timed: its start, its first step, seconds already counted
+    # (before an evaluation), real tokens (this host's, times the hosts: an estimate
+    # on several hosts, exact on one).
+    t_last, n_last, elapsed, real = time.perf_counter(), st.step, 0.0, 0.0
+    first = True
     with it:
       while st.step < phase.end:
-        batch = sharding.global_batch(next(it), self.steps.mesh)
+        local = next(it)
+        real += float(np.sum(local.input_mask_BxL)) * jax.process_count()
+        batch = sharding.global_batch(local, self.steps.mesh)
         st.params, st.opt_state, metrics = step_fn(
             st.params, st.opt_state, jnp.int32(st.step), batch)
         st.step += 1
         pending.append(metrics)
-        bar.update(1)
+        if first:  # compiles: timed on its own, left out of the rates
+          jax.block_until_ready(metrics)
+          now = time.perf_counter()
+          self.compile_s[phase.index] = now - t_last
+          t_last, n_last, real, first = now, st.step, 0.0, False
+          _restart_rate(bar, st.step)  # the bar's rate and estimate leave the compile out
+        else:
+          in_flight.append(metrics)
+          if len(in_flight) > _MAX_IN_FLIGHT:
+            jax.block_until_ready(in_flight.popleft())
+          bar.update(1)
         if st.step % run.log_every == 0 or st.step == phase.end:
-          m = _train_metrics(pending, (st.step - n_last) * B / max(
-              time.perf_counter() - t_last, 1e-9))
-          pending, t_last, n_last = [], time.perf_counter(), st.step
+          jax.block_until_ready(metrics)  # the clock is read when the steps are done
+          now = time.perf_counter()
+          in_flight.clear()
+          m = _train_metrics(pending) | self.rates(elapsed + now - t_last, st.step - n_last,
+                                                   real, phase)
+          pending, t_last, n_last, elapsed, real = [], now, st.step, 0.0, 0.0
+          self._last_train_loss = m["loss"]
           self.reporter.write("train", st.step, m)
-          bar.set_postfix(loss=f"{m['loss']:.3f}", mlm_acc=f"{m['mlm_accuracy']:.3f}",
-                          nsp_acc=f"{m['nsp_accuracy']:.3f}",
-                          seq_s=f"{m['sequences_per_sec']:.0f}")
+          post = {"loss": f"{m['loss']:.3f}", "mlm_acc": f"{m['mlm_accuracy']:.3f}",
+                  "nsp_acc": f"{m['nsp_accuracy']:.3f}"}
+          if "sequences_per_sec" in m:
+            post["seq_s"] = f"{m['sequences_per_sec']:.0f}"
+          if "mfu" in m:
+            post["mfu"] = f"{m['mfu']:.1%}"
+          bar.set_postfix(post)
           self._check_nonfinite(m["nonfinite_streak"])
         if st.step % run.checkpoint_every == 0 or st.step == num_steps:
           self.ckpts.save(st, phase, it.position)
         self.stop_if_requested(phase=phase, position=it.position)
         if st.step % run.eval_every == 0 and st.step < num_steps:
-          ev = self.evaluate(phase)
+          jax.block_until_ready(metrics)  # training time so far; the eval is timed apart
+          elapsed += time.perf_counter() - t_last
+          in_flight.clear()
+          ev = self._after_eval(self.evaluate(phase))
+          t_last = time.perf_counter()
+          bar.unpause()  # nor does an evaluation count as time per step
           self.reporter.write("eval", st.step, ev)
-          bar.write(f"eval @ {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+          console.log(f"eval @ {st.step}: {describe_eval(ev)}")
 
   def _check_nonfinite(self, streak: float) -> None:
     limit = self.s.train.max_consecutive_nonfinite
@@ -117,12 +246,39 @@ class TrainLoop:
     last = self.s.train.phases[-1]
     if self.ckpts.latest_step() != self.state.step:  # e.g. num_steps raised after a finished run
       self.ckpts.save(self.state, last, 0)
-    ev = self.evaluate(last)
+    ev = self._after_eval(self.evaluate(last))
     self.reporter.write("eval", self.state.step, ev)
     return ev
 
 
-def _train_metrics(pending: list, sequences_per_sec: float) -> dict:
+def _restart_rate(bar: tqdm, step: int) -> None:
+  """Restarts the bar's clock and rate at `step` (tqdm has no call for just that)."""
+  if bar.disable:
+    return
+  bar.reset()
+  bar.initial = bar.n = bar.last_print_n = step
+  bar.refresh()
+
+
+def with_stderr(ev: dict) -> dict:
+  """Eval metrics plus the binomial standard error sqrt(p(1-p)/n) of each accuracy."""
+  out = dict(ev)
+  for name in ("mlm", "nsp"):
+    p, n = ev[f"{name}_accuracy"], ev.get(f"{name}_count", 0.0)
+    out[f"{name}_accuracy_stderr"] = math.sqrt(p * (1 - p) / n) if n > 0 else float("nan")
+  return out
+
+
+def describe_eval(ev: dict) -> str:
+  """Eval metrics as one line, each accuracy with its standard error."""
+  pm = lambda name: (f" ± {ev[f'{name}_accuracy_stderr']:.4f}"
+                     if f"{name}_accuracy_stderr" in ev else "")
+  return (f"MLM accuracy {ev['mlm_accuracy']:.4f}{pm('mlm')} (best constant guess "
+          f"{ev['mlm_best_constant_accuracy']:.4f}), NSP accuracy {ev['nsp_accuracy']:.4f}"
+          f"{pm('nsp')}, MLM loss {ev['mlm_loss']:.4f}, NSP loss {ev['nsp_loss']:.4f}")
+
+
+def _train_metrics(pending: list) -> dict:
   rows = jax.device_get(pending)
   sums = jax.tree.map(lambda *x: float(np.sum(x)), *rows)
   good = len(rows) - sums["skipped"]  # skipped steps report zeros, not NaN
@@ -130,6 +286,5 @@ def _train_metrics(pending: list, sequences_per_sec: float) -> dict:
   return summarize(sums) | {
       "loss": mean("loss"), "grad_norm": mean("grad_norm"),
       "learning_rate": float(rows[-1]["learning_rate"]),
-      "sequences_per_sec": sequences_per_sec,
       "skipped_steps": float(rows[-1]["skipped_total"]),
       "nonfinite_streak": float(max(r["nonfinite_streak"] for r in rows))}

@@ -111,7 +111,8 @@ class Reporter:
             "metrics records (expected JSON objects with an integer \"step\" and a string "
             "\"split\"); they are kept in the file but not plotted")
 
-  def plot(self, max_step: int) -> str:
+  def plot(self, max_step: int, phase_starts: tuple = ()) -> str:
+    """The curves up to `max_step`; a dotted vertical line where each later phase starts."""
     if not self.active:
       return ""
     import matplotlib  # heavy, and only needed when plotting
@@ -119,16 +120,28 @@ class Reporter:
     import matplotlib.pyplot as plt  # after use("Agg"): no display needed
     rows = self.history(max_step)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, key, title in zip(axes, ("loss", "mlm_accuracy", "nsp_accuracy"),
-                              ("loss (MLM + NSP)", "MLM accuracy", "NSP accuracy")):
+    panels = (("loss", "loss (MLM + NSP)", "loss"), ("mlm_accuracy", "MLM accuracy", "accuracy"),
+              ("nsp_accuracy", "NSP accuracy", "accuracy"))
+    for ax, (key, title, ylabel) in zip(axes, panels):
       for split, style in (("train", "-"), ("eval", "o-")):
         pts = [(r["step"], r[key]) for r in rows if r["split"] == split and key in r]
         if pts:
           ax.plot(*zip(*pts), style, label=split)
+      if key == "mlm_accuracy":
+        pts = [(r["step"], r["mlm_best_constant_accuracy"]) for r in rows
+               if r["split"] == "eval" and "mlm_best_constant_accuracy" in r]
+        if pts:
+          ax.plot(*zip(*pts), "k--", alpha=0.6, label="best constant guess")
+      elif key == "nsp_accuracy":
+        ax.axhline(0.5, color="k", linestyle="--", alpha=0.6, label="chance (0.5)")
+      for i, start in enumerate(phase_starts):
+        ax.axvline(start, color="gray", linestyle=":", label="phase change" if i == 0 else None)
       ax.set_title(title)
       ax.set_xlabel("step")
+      ax.set_ylabel(ylabel)
       ax.grid(alpha=0.3)
-      ax.legend()
+      if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     tmp = self.plot_path + ".tmp.png"
     fig.savefig(tmp, dpi=100)

@@ -183,7 +183,8 @@ class TrainSteps:
       raise ConfigError("evaluation split is empty: expected at least one eval batch")
     t = jax.device_get(total)
     return summarize(t) | {"mlm_best_constant_accuracy":
-                           float(t["label_hist"].max() / max(t["mlm_count"], 1.0))}
+                           float(t["label_hist"].max() / max(t["mlm_count"], 1.0)),
+                           "mlm_count": float(t["mlm_count"]), "nsp_count": float(t["nsp_count"])}
 
 
 def summarize(sums: dict) -> dict:

@@ -116,9 +116,60 @@ def _main(argv):
     sys.exit(130)
 
 
+_HELP_ARGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def config_meanings() -> dict[str, str]:
+  """`data.corpus` -> its one-line meaning: the comment on (or above) its line in default_config.py."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_config.py")
+  meanings, above = {}, []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      text = line.strip()
+      if text.startswith("#"):
+        above = [] if text.startswith("# ---") else above + [text.lstrip("# ")]
+        continue
+      field = re.match(r"c\.([\w.]+)\s*=(.*)$", text)
+      if field and not field.group(2).strip().startswith("ml_collections.ConfigDict"):
+        trailing = re.search(r"\s#\s*(.*)$", field.group(2))
+        meanings[field.group(1)] = trailing.group(1) if trailing else " ".join(above)
+      above = []
+  return meanings
+
+
+def _config_fields(config, prefix: str = "") -> list[tuple[str, object]]:
+  out = []
+  for key, value in config.items():
+    if hasattr(value, "items"):
+      out += _config_fields(value, f"{prefix}{key}.")
+    else:
+      out.append((f"{prefix}{key}", value))
+  return out
+
+
+def _print_help(argv: list[str]) -> NoReturn:
+  """--help: the flags, then every --config.* field with its value and meaning; exit 0."""
+  _parse_flags([argv[0]] + [a for a in argv[1:] if a not in _HELP_ARGS])
+  full = "--helpfull" in argv[1:]
+  print(__doc__.strip().split("\n\n")[1] if not full else __doc__.strip())
+  print("\nflags:")
+  print(FLAGS.get_help() if full else FLAGS.module_help(__name__))
+  meanings = config_meanings()
+  fields = _config_fields(FLAGS.config)
+  width = max(len(f"--config.{k}={v!r}") for k, v in fields)
+  print(f"\nconfig fields (defaults from {FLAGS['config'].serialize().split('=', 1)[-1]} "
+        "with the overrides given; change one with --config.FIELD=VALUE):")
+  for key, value in fields:
+    shown = f"'{value}'" if isinstance(value, str) else str(value).replace(" ", "")
+    print(f"  {f'--config.{key}={shown}':<{width}}  {meanings.get(key, '')}".rstrip())
+  sys.exit(0)
+
+
 def run(default_config: str, default_workdir: str) -> None:
   """Parses the flags (with these defaults) and trains."""
   define_flags(default_config, default_workdir)
+  if any(a in _HELP_ARGS for a in sys.argv[1:]):
+    _print_help(sys.argv)
   app.run(_main, flags_parser=_parse_flags)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from bert_jax import console, data_setup, settings as settings_lib, sharding, workdir_lock
 from bert_jax.errors import ConfigError
-from bert_jax.loop import TrainLoop
+from bert_jax.loop import TrainLoop, describe_eval
 from bert_jax.preemption import StopSignals
 from bert_jax.reporting import Reporter
 from bert_jax.resume import RunCheckpoints, RunState, checkpoint_dir
@@ -78,6 +78,13 @@ def _run(s: Settings, workdir: str, mesh) -> dict:
     else:
       console.log(f"resumed from {ckpts.ckpt_dir} at step {state.step} "
                   f"(data position {state.position})")
+    if (done := _stored_final_eval(s, state.step, reporter)) is not None:
+      console.log(f"run already complete at step {state.step}: "
+                  f"{describe_eval(done) if done else 'see process 0'} "
+                  f"(stored in {reporter.history_path}; raise --config.train.num_steps to "
+                  "train on); nothing written")
+      ckpts.close()
+      return done
     reporter.truncate(state.step)  # records of steps this run will redo
     if (note := reporter.skipped_warning()) is not None:
       console.warn(note)
@@ -93,14 +100,24 @@ def _run(s: Settings, workdir: str, mesh) -> dict:
   finally:
     signals.uninstall()
     reporter.close()
-  plot = reporter.plot(state.step)
-  console.log(f"final eval @ step {state.step}: MLM accuracy {ev['mlm_accuracy']:.4f} "
-              f"(best constant guess {ev['mlm_best_constant_accuracy']:.4f}), "
-              f"NSP accuracy {ev['nsp_accuracy']:.4f}, MLM loss {ev['mlm_loss']:.4f}, "
-              f"NSP loss {ev['nsp_loss']:.4f}")
+  plot = reporter.plot(state.step, [ph.start for ph in s.train.phases[1:]])
+  console.log(f"final eval @ step {state.step}: {describe_eval(ev)}")
   console.log(f"checkpoints: {ckpts.ckpt_dir}; TensorBoard: "
               f"{os.path.join(workdir, 'tensorboard')}; plot: {plot}")
   return ev
+
+
+def _stored_final_eval(s: Settings, step: int, reporter: Reporter):
+  """The final eval of a finished run (checkpoint and eval row at num_steps), else None."""
+  if step != s.train.num_steps:
+    return None
+  rows = [r for r in reporter.history(step) if r["split"] == "eval" and r["step"] == step]
+  if jax.process_count() > 1:  # process 0 writes metrics.jsonl: all follow what it read
+    from jax.experimental import multihost_utils
+    if not multihost_utils.broadcast_one_to_all(np.int32(bool(rows))):
+      return None
+    return {k: v for k, v in rows[-1].items() if k not in ("split", "step")} if rows else {}
+  return {k: v for k, v in rows[-1].items() if k not in ("split", "step")} if rows else None
 
 
 def _log_model(steps: TrainSteps, vocab_size: int) -> None:

@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 
+from bert_jax import flops
 from configs import base, tiny
 
 SPECIAL_IDS = [0, 1, 2, 3, 4]  # [PAD] [UNK] [CLS] [SEP] [MASK], as bert_jax.tokenizer
@@ -69,23 +70,9 @@ def find(name: str) -> Case:
 
 def model_flops(size: ModelSize, kind: str, batch: int, seq_len: int,
                 predictions: int = 0) -> float:
-  """Analytic model FLOPs of one step; the same formula for every implementation.
-
-  Matmuls only, 2 FLOPs per multiply-add. Per token and layer the projections
-  cost 2 * (4*D*D + 2*D*F) and attention scores plus the weighted sum 4*L*D.
-  The pooler is 2*D*D per sequence. The MLM head (dense + vocabulary
-  projection, 2*D*D + 2*D*V) is counted on the P masked positions only: that
-  is all a pre-training step needs, whether an implementation computes it on
-  all L positions (HF) or not (ours). NSP, embeddings, LayerNorm, softmax and
-  GELU are left out. A train step counts 3x the forward (backward = 2x).
-  """
-  d, f, v, n = size.hidden_size, size.intermediate_size, size.vocab_size, size.num_layers
-  per_token = n * (2 * (4 * d * d + 2 * d * f) + 4 * seq_len * d)
-  forward = batch * (seq_len * per_token + 2 * d * d)
-  if kind == "features":
-    return float(forward)
-  forward += batch * predictions * (2 * d * d + 2 * d * v)
-  return 3.0 * forward
+  """Analytic model FLOPs of one step (`bert_jax.flops.model_flops`, shared with training)."""
+  return flops.model_flops(size.num_layers, size.hidden_size, size.intermediate_size,
+                           size.vocab_size, kind, batch, seq_len, predictions)
 
 
 def make_batch(case: Case, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:

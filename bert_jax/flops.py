@@ -1,0 +1,52 @@
+"""Analytic model FLOPs of BERT pre-training and the peak FLOP/s of known accelerators.
+
+One formula for the run report (`loop`) and the benchmark (`tools/cases.py`).
+Shape legend: B batch, L sequence length, P masked positions (max predictions),
+D hidden size, F feed-forward size, V vocabulary size, N layers.
+"""
+
+from typing import Optional
+
+
+def model_flops(num_layers: int, hidden_size: int, intermediate_size: int, vocab_size: int,
+                kind: str, batch: int, seq_len: int, predictions: int = 0) -> float:
+  """Analytic model FLOPs of one step ('train') or one forward pass ('features').
+
+  Matmuls only, 2 FLOPs per multiply-add. Per token and layer the projections
+  cost 2 * (4*D*D + 2*D*F) and attention scores plus the weighted sum 4*L*D.
+  The pooler is 2*D*D per sequence. The MLM head (dense + vocabulary
+  projection, 2*D*D + 2*D*V) is counted on the P masked positions only: that
+  is all a pre-training step needs, whether an implementation computes it on
+  all L positions (HF) or not (ours). NSP, embeddings, LayerNorm, softmax and
+  GELU are left out. A train step counts 3x the forward (backward = 2x).
+  Padding positions count: the device computes them.
+  """
+  d, f, v, n = hidden_size, intermediate_size, vocab_size, num_layers
+  per_token = n * (2 * (4 * d * d + 2 * d * f) + 4 * seq_len * d)
+  forward = batch * (seq_len * per_token + 2 * d * d)
+  if kind == "features":
+    return float(forward)
+  forward += batch * predictions * (2 * d * d + 2 * d * v)
+  return 3.0 * forward
+
+
+# Dense bfloat16 peak FLOP/s of one JAX device, by `device_kind` (first match wins,
+# so the more specific names come first). TPU v4 and v5p devices are one chip
+# (both TensorCores); v5e and v6e chips have one TensorCore.
+_PEAKS = (
+    ("TPU v6 lite", 918e12), ("TPU v6e", 918e12),
+    ("TPU v5 lite", 197e12), ("TPU v5e", 197e12),
+    ("TPU v5p", 459e12), ("TPU v5", 459e12),
+    ("TPU v4", 275e12),
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12),
+    ("A100", 312e12),
+)
+
+
+def peak_flops(device_kind: str) -> Optional[float]:
+  """Dense bfloat16 peak FLOP/s of one device of this kind; None if unknown (CPU)."""
+  for name, peak in _PEAKS:
+    if name.lower() in device_kind.lower():
+      return peak
+  return None
