@@ -166,6 +166,24 @@ _MAX_ROTATIONS = 5  # steps a reader lets a writing run rotate away before givin
 _DAMAGE = (KeyError, OSError, ValueError, CheckpointError)
 
 
+def newest_meta(ckpt_dir: str) -> Optional[dict]:
+  """The meta of the newest step whose meta reads, or None; reads only, writes nothing."""
+  if not os.path.isdir(ckpt_dir):
+    return None
+  mngr = ocp.CheckpointManager(os.path.abspath(ckpt_dir), item_handlers=_handlers())
+  try:
+    for step in sorted(mngr.all_steps(), reverse=True):
+      try:
+        meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+      except _DAMAGE:
+        continue  # the run's own resume reports or moves aside damaged steps
+      if isinstance(meta, dict):
+        return meta
+    return None
+  finally:
+    mngr.close()
+
+
 def _restore_params_step(mngr: ocp.CheckpointManager, root: str, step: int,
                          sharding: jax.sharding.Sharding) -> tuple[Any, dict]:
   tree = mngr.item_metadata(step)["params"]

@@ -13,7 +13,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import console, data_setup, settings as settings_lib, sharding, workdir_lock
+from bert_jax import checkpointing, console, data_setup, settings as settings_lib, sharding, workdir_lock
 from bert_jax.errors import ConfigError
 from bert_jax.loop import TrainLoop, describe_eval
 from bert_jax.preemption import StopSignals
@@ -31,6 +31,36 @@ def _check_workdir(workdir: str) -> None:
       raise ConfigError(f"--workdir {workdir}: {path} is not a directory; expected a directory "
                         "(created if missing)")
     path = os.path.dirname(path)
+
+
+# What makes a run's corpus and vocabulary; the other data fields may change on resume.
+_DATA_IDENTITY = ("corpus", "format", "max_documents", "vocab_file", "lowercase")
+_TRAINED_VOCAB = ("vocab_size", "vocab_sample_bytes")  # only when no vocab_file is given
+
+
+def _same_path(a, b) -> bool:
+  return a == b or (isinstance(a, str) and isinstance(b, str) and bool(a) and bool(b)
+                    and os.path.realpath(a) == os.path.realpath(b))
+
+
+def _check_same_data(s: Settings, workdir: str) -> None:
+  """A workdir whose checkpoint was trained on another corpus or vocabulary is refused."""
+  meta = checkpointing.newest_meta(checkpoint_dir(workdir))
+  saved = ((meta or {}).get("config") or {}).get("data")
+  if not isinstance(saved, dict):
+    return  # no checkpoint (or one of an older version): nothing to compare
+  data = json.loads(s.config_json)["data"]
+  fields = _DATA_IDENTITY + (() if data.get("vocab_file") else _TRAINED_VOCAB)
+  differ = [k for k in fields if k in saved and not (
+      _same_path(saved[k], data.get(k)) if k in ("corpus", "vocab_file")
+      else saved[k] == data.get(k))]
+  if differ:
+    was = ", ".join(f"{k}={saved[k]!r}" for k in differ)
+    now = ", ".join(f"{k}={data.get(k)!r}" for k in differ)
+    raise ConfigError(
+        f"--workdir {workdir} holds a run on another corpus or vocabulary (its checkpoint "
+        f"has data {was}; this run asks for {now}); nothing was written: use another "
+        "--workdir, or the original data settings to resume it")
 
 
 def make_steps(s: Settings, vocab_size: int, special_ids: list[int], mask_id: int,
@@ -59,6 +89,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 def _run(s: Settings, workdir: str, mesh) -> dict:
+  _check_same_data(s, workdir)  # before preparing anything: a refused run writes nothing
   prepared = data_setup.prepare_data(s.data, s.train.seq_lens, s.run.seed, workdir)
   tok = prepared.tokenizer
   steps = make_steps(s, tok.vocab_size, tok.special_ids(), tok.mask_id,

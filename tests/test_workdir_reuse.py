@@ -1,0 +1,90 @@
+"""A workdir that holds a run on another corpus or vocabulary is refused before anything is written."""
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.errors import ConfigError
+from bert_jax.trainer import train_and_evaluate
+from configs import tiny
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOY = os.path.join(ROOT, "data", "corpus.txt")
+
+
+def _config(**data):
+  c = tiny.get_config()
+  c.data.corpus = TOY
+  c.data.dupe_factor = 1
+  c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = 32, 2, 64
+  c.train.batch_size = 16
+  c.train.num_steps = 4
+  c.train.warmup_steps = 1
+  c.train.seq_lens, c.train.max_predictions = (32,), (5,)
+  c.log_every = c.eval_every = c.checkpoint_every = 4
+  c.eval_batches = 1
+  c.progress_bar = False
+  for k, v in data.items():
+    setattr(c.data, k, v)
+  return c
+
+
+def _snapshot(workdir: str) -> dict:
+  """Every file and folder under the workdir, with the hash of each file."""
+  out = {}
+  for d, dirs, files in os.walk(workdir):
+    for name in dirs:
+      out[os.path.relpath(os.path.join(d, name), workdir)] = "dir"
+    for name in files:
+      path = os.path.join(d, name)
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, workdir)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+@pytest.fixture(scope="module")
+def toy_workdir(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("toy"))
+  train_and_evaluate(_config(), workdir)
+  return workdir
+
+
+@pytest.mark.parametrize("data", [{"corpus": "builtin", "max_documents": 40},
+                                  {"vocab_size": 512}],
+                         ids=["another_corpus", "another_vocab_size"])
+def test_another_corpus_or_vocabulary_is_one_line_and_writes_nothing(toy_workdir, data):
+  before = _snapshot(toy_workdir)
+  with pytest.raises(ConfigError, match="holds a run on another corpus or vocabulary") as e:
+    train_and_evaluate(_config(**data), toy_workdir)
+  message = str(e.value)
+  assert "\n" not in message and "use another --workdir" in message
+  assert all(k in message for k in data), message  # names the fields that differ
+  assert _snapshot(toy_workdir) == before
+
+
+def test_the_same_corpus_spelled_another_way_resumes(toy_workdir, monkeypatch):
+  monkeypatch.chdir(ROOT)
+  before = _snapshot(toy_workdir)
+  ev = train_and_evaluate(_config(corpus="./data/../data/corpus.txt"), toy_workdir)
+  assert "mlm_accuracy" in ev  # the stored final eval: the run is complete
+  assert _snapshot(toy_workdir) == before
+
+
+def test_cli_prints_one_error_line_and_exits_2(toy_workdir):
+  before = _snapshot(toy_workdir)
+  flags = ["--config.model.hidden_size=32", "--config.model.intermediate_size=64",
+           "--config.train.batch_size=16", "--config.train.num_steps=4",
+           "--config.train.seq_lens=(32,)", "--config.train.max_predictions=(5,)",
+           "--config.data.max_documents=40", "--config.progress_bar=False"]
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "train.py"), "--workdir", toy_workdir, *flags],
+      capture_output=True, text=True, timeout=300, cwd=ROOT,
+      env={**os.environ, "XLA_FLAGS": "", "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "another corpus or vocabulary" in errors[0], proc.stderr[-2000:]
+  assert "corpus='builtin'" in errors[0] and "Preparing" not in proc.stdout + proc.stderr
+  assert _snapshot(toy_workdir) == before
