@@ -12,7 +12,7 @@ the encoder over texts in batches sharded over the data axis of `sharding`'s mes
 Each input is a text or an `A<TAB>B` pair, encoded as `[CLS] A [SEP] (B [SEP])`
 with segment ids 0 / 1. Layer indices follow BERT's extract_features:
 hidden_states[0] is the embedding output, 1..num_layers the Transformer layers,
--1 the last layer, (-4, -3, -2, -1) the last four.
+-1 the last layer, (-4, -3, -2, -1) the last four, "all" every one (0..num_layers).
 
 Poolings: "cls" the [CLS] vector, "mean" the average over real tokens
 ([CLS]/[SEP] included, padding excluded), "pooler" the model's tanh pooled output
@@ -164,8 +164,16 @@ def _layer_range(num_layers: int) -> str:
           f"(0 = embeddings, {num_layers} or -1 = last of {num_layers} layers)")
 
 
-def resolve_layers(layers: Sequence[int], num_layers: int) -> tuple[int, ...]:
-  """Negative indices count from the last layer; returns absolute indices."""
+def resolve_layers(layers: Sequence[int] | str, num_layers: int) -> tuple[int, ...]:
+  """Negative indices count from the last layer; returns absolute indices.
+
+  "all" is every layer: 0 (the embeddings) to num_layers.
+  """
+  if isinstance(layers, str):
+    if layers.strip().lower() != "all":
+      raise ConfigError(f"layers: {layers!r} is not 'all' or integers; {_layer_range(num_layers)}"
+                        " or 'all'")
+    return tuple(range(num_layers + 1))
   if isinstance(layers, int):
     layers = (layers,)
   layers = tuple(layers)
@@ -358,11 +366,12 @@ class Extractor:
     return ids_BxL, segments_BxL, mask_BxL
 
 
-  def extract(self, inputs: Sequence[Input], layers: Sequence[int] = (-1,),
+  def extract(self, inputs: Sequence[Input], layers: Sequence[int] | str = (-1,),
               pooling: str = "cls", progress: Optional[bool] = None) -> Features:
     """Features of `inputs` (texts, `A<TAB>B` strings or (A, B) tuples), in input order.
 
-    pooled_NxYxD[i, j] is input i at layers[j]; with pooling "none",
+    pooled_NxYxD[i, j] is input i at layers[j] (layers="all": 0..num_layers, the
+    embeddings first); with pooling "none",
     hidden_TxYxD[i] holds its T real tokens instead. Inputs longer than
     max_length are truncated (longer side of a pair first) and counted in a
     one-line warning. `progress` None shows a bar (stderr) on long inputs.

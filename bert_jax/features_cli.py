@@ -127,12 +127,14 @@ class _Parser(argparse.ArgumentParser):
     raise ConfigError(message)
 
 
-def _parse_layers(text: str) -> tuple[int, ...]:
+def _parse_layers(text: str) -> tuple[int, ...] | str:
+  if text.strip().lower() == "all":
+    return "all"  # every layer, resolved against the checkpoint's num_layers
   try:
     return tuple(int(x) for x in text.split(","))
   except ValueError:
     raise ConfigError(f"--layers={text!r}: expected comma-separated integers "
-                      "such as -1 or -4,-3,-2,-1") from None
+                      "such as -1 or -4,-3,-2,-1, or all") from None
 
 
 def _parse_expect(text: str) -> dict:
@@ -158,7 +160,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--output", required=True,
                  help=".npy for pooled features [N, layers, D], .npz for --pooling none")
   p.add_argument("--layers", default="-1",
-                 help="comma-separated: 0 = embeddings, -1 = last layer (default -1)")
+                 help="comma-separated: 0 = embeddings, -1 = last layer (default -1); "
+                 "'all' = every layer, 0..num_layers")
   p.add_argument("--pooling", default="cls", help=f"one of {', '.join(POOLINGS)} (default cls)")
   p.add_argument("--max_length", type=int, default=None,
                  help="tokens per input incl. [CLS]/[SEP]; longer inputs are truncated "

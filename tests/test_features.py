@@ -247,6 +247,26 @@ def test_cli_npz_holds_concatenated_tokens_with_offsets(ckpt, extractor, tmp_pat
     np.testing.assert_allclose(z["hidden"][rows], want.hidden_TxYxD[i], atol=1e-5)
 
 
+def test_cli_layers_all_gives_every_layer_embeddings_first(ckpt, extractor, per_token,
+                                                           tmp_path):
+  i = TEXTS.index(SHORT[0])
+  inp = _write(tmp_path / "in.txt", SHORT[0] + "\n")
+  out = str(tmp_path / "all.npz")
+  assert features_cli.main(["--checkpoint", ckpt[0], "--input", inp, "--output", out,
+                            "--pooling", "none", "--layers", "all"]) == 0
+  z = np.load(out)
+  assert z["layers"].tolist() == list(range(CONFIG.num_layers + 1))
+  # The first and last columns are the layers 0 and -1 of the shared extraction.
+  np.testing.assert_allclose(z["hidden"][:, [0, -1]], per_token.hidden_TxYxD[i], atol=1e-5)
+  assert extractor.extract([SHORT[0]], layers="all", pooling="none").layers == tuple(
+      range(CONFIG.num_layers + 1))
+
+
+def test_layers_as_a_word_other_than_all_is_one_line(extractor):
+  with pytest.raises(ConfigError, match=r"layers: 'every' is not 'all' or integers"):
+    extractor.extract(["the cat"], layers="every")
+
+
 @pytest.fixture(scope="module")
 def bad_ckpts(ckpt, tmp_path_factory):
   root = tmp_path_factory.mktemp("bad")
