@@ -1,0 +1,56 @@
+"""tools/measure_quickstart.py: the block it writes from a run's output, and the README rewrite."""
+
+import datetime
+import os
+import re
+
+from tools import measure_quickstart as mq
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _transcript() -> str:
+  """The output of a real run: the README's "What a run prints" example."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = f.read()
+  block = re.search(r"```console\n(.*?)```", text, re.S).group(1)
+  return "\n".join(l for l in block.splitlines() if not l.startswith("$ "))
+
+
+def _measurement(steps=60, wall=165.0):
+  text = _transcript()
+  return {"train_start_s": 5.1, "final_eval_s": 2.0, "steps": steps, "wall_s": wall, "load_at_start": 0.2, "text": text,
+          "prepare_s": sum(float(x) for x in mq._PREPARED.findall(text)),
+          "model": mq._MODEL.search(text)[1], "summary": mq._SUMMARY.search(text),
+          "eval": {"mlm_accuracy": 0.0811, "mlm_accuracy_stderr": 0.0259,
+                   "mlm_best_constant_accuracy": 0.0811, "nsp_accuracy": 0.575,
+                   "nsp_accuracy_stderr": 0.0782},
+          "date": datetime.datetime(2026, 11, 23, 10, 0, tzinfo=datetime.timezone.utc)}
+
+
+def test_the_block_splits_the_wall_time_into_what_the_run_measured():
+  block = mq.markdown(_measurement())
+  assert block.startswith(mq.START) and block.endswith(mq.END)
+  # 165 s = 5.0 start-up + 0.1 prepare + 57.0 compile + 82.1 steps + 17.8 eval + 2.0 final
+  # + 1.0 rest
+  assert ("2 min 45 s: start-up (imports, model set-up) 5.0 s, data preparation 0.1 s, "
+          "compile 57.0 s, 59 timed steps 1 min 22 s, evaluations 17.8 s, final evaluation "
+          "and checkpoint 2.0 s, the rest (plot, exit) 1.0 s") in block
+  assert "0.72 steps/s, 46 sequences/s, 2942 tokens/s (570 real)" in block
+  assert "0.081 ± 0.026 (the best constant guess is 0.081)" in block
+  assert "1 cpu devices" in block and "2026-11-23 10:00 UTC" in block
+  assert "--config.train.num_steps=60" in block and "A quick check of 60 steps" in block
+
+
+def test_readme_rewrite_replaces_only_the_block(tmp_path):
+  path = tmp_path / "README.md"
+  path.write_text(f"before\n{mq.START}\nold\n{mq.END}\nafter\n", encoding="utf-8")
+  mq.rewrite_readme(f"{mq.START}\nnew\n{mq.END}", str(path))
+  assert path.read_text(encoding="utf-8") == f"before\n{mq.START}\nnew\n{mq.END}\nafter\n"
+
+
+def test_the_readme_has_one_measured_block():
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = f.read()
+  assert text.count(mq.START) == 1 and text.count(mq.END) == 1
+  assert text.index(mq.START) < text.index("**Measured**") < text.index(mq.END)
