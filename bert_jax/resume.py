@@ -36,6 +36,10 @@ def check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str) 
   for k, v in bert_config.to_dict().items():
     if k in _FREE_MODEL_FIELDS:
       continue
+    if k in saved and saved[k] != v and k == "vocab_size":  # from the data, not the config
+      raise CheckpointError(f"checkpoint {ckpt_dir} was trained with a vocabulary of {saved[k]} "
+                            f"tokens but this run's prepared vocabulary has {v}; use another "
+                            "--workdir, or the original corpus, vocabulary and cache_dir")
     if k in saved and saved[k] != v:
       raise CheckpointError(
           f"checkpoint {ckpt_dir} has model {k}={saved[k]!r} but the config asks for {v!r}; "
