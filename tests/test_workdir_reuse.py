@@ -88,3 +88,16 @@ def test_cli_prints_one_error_line_and_exits_2(toy_workdir):
   assert len(errors) == 1 and "another corpus or vocabulary" in errors[0], proc.stderr[-2000:]
   assert "corpus='builtin'" in errors[0] and "Preparing" not in proc.stdout + proc.stderr
   assert _snapshot(toy_workdir) == before
+
+
+def test_a_vocabulary_of_another_size_is_named_as_such_not_as_a_config_value():
+  # Same data settings, another vocabulary (e.g. prepared/ deleted and WordPiece
+  # trained again): the error names the two vocabularies, not "the config asks for".
+  from bert_jax.errors import CheckpointError
+  from bert_jax.model import BertConfig
+  from bert_jax.resume import check_resume_compatible
+  with pytest.raises(CheckpointError, match=r"vocabulary of 4096 tokens but this run's "
+                                            r"prepared vocabulary has 885") as e:
+    check_resume_compatible({"model_config": BertConfig(4096).to_dict()}, BertConfig(885),
+                            "runs/tiny/checkpoints")
+  assert "config asks for" not in str(e.value)
