@@ -13,7 +13,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import checkpointing, console, data_setup, settings as settings_lib, sharding, workdir_lock
+from bert_jax import (checkpointing, console, data_setup, settings as settings_lib, sharding,
+                      workdir_lock)
 from bert_jax.errors import ConfigError
 from bert_jax.loop import TrainLoop, describe_eval
 from bert_jax.preemption import StopSignals
@@ -21,6 +22,7 @@ from bert_jax.reporting import Reporter
 from bert_jax.resume import RunCheckpoints, RunState, checkpoint_dir
 from bert_jax.settings import Settings
 from bert_jax.steps import TrainSteps
+from bert_jax.tokenizer import Tokenizer
 
 
 def _check_workdir(workdir: str) -> None:
@@ -34,7 +36,7 @@ def _check_workdir(workdir: str) -> None:
 
 
 # What makes a run's corpus and vocabulary; the other data fields may change on resume.
-_DATA_IDENTITY = ("corpus", "format", "max_documents", "vocab_file", "lowercase")
+_DATA_IDENTITY = ("corpus", "format", "max_documents", "lowercase")
 _TRAINED_VOCAB = ("vocab_size", "vocab_sample_bytes")  # only when no vocab_file is given
 
 
@@ -50,17 +52,31 @@ def _check_same_data(s: Settings, workdir: str) -> None:
   if not isinstance(saved, dict):
     return  # no checkpoint (or one of an older version): nothing to compare
   data = json.loads(s.config_json)["data"]
-  fields = _DATA_IDENTITY + (() if data.get("vocab_file") else _TRAINED_VOCAB)
+  both_files = bool(saved.get("vocab_file")) and bool(data.get("vocab_file"))
+  fields = _DATA_IDENTITY + (() if both_files else ("vocab_file",)) + (
+      () if data.get("vocab_file") else _TRAINED_VOCAB)
   differ = [k for k in fields if k in saved and not (
-      _same_path(saved[k], data.get(k)) if k in ("corpus", "vocab_file")
-      else saved[k] == data.get(k))]
+      _same_path(saved[k], data.get(k)) if k == "corpus" else saved[k] == data.get(k))]
+  where = f"--workdir {workdir} holds a run"
   if differ:
     was = ", ".join(f"{k}={saved[k]!r}" for k in differ)
     now = ", ".join(f"{k}={data.get(k)!r}" for k in differ)
     raise ConfigError(
-        f"--workdir {workdir} holds a run on another corpus or vocabulary (its checkpoint "
-        f"has data {was}; this run asks for {now}); nothing was written: use another "
-        "--workdir, or the original data settings to resume it")
+        f"{where} on another corpus or vocabulary (its checkpoint has data {was}; this run "
+        f"asks for {now}); nothing was written: use another --workdir, or the original data "
+        "settings to resume it")
+  if both_files and isinstance(meta.get("vocab"), list):  # the files' tokens, wherever they are
+    theirs, ours = meta["vocab"], Tokenizer.from_vocab_file(data["vocab_file"],
+                                                           data["lowercase"]).vocab
+    if theirs != ours:
+      at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b),
+                min(len(theirs), len(ours)))
+      there, here = (repr(v[at]) if at < len(v) else "none" for v in (theirs, ours))
+      raise ConfigError(
+          f"{where} with another vocabulary ({len(theirs)} tokens, data.vocab_file "
+          f"{data['vocab_file']} has {len(ours)}; first difference at id {at}: {there} there, "
+          f"{here} here); nothing was written: use another --workdir, or the run's own "
+          "vocabulary")
 
 
 def make_steps(s: Settings, vocab_size: int, special_ids: list[int], mask_id: int,

@@ -1,6 +1,7 @@
 """A workdir that holds a run on another corpus or vocabulary is refused before anything is written."""
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -101,3 +102,22 @@ def test_a_vocabulary_of_another_size_is_named_as_such_not_as_a_config_value():
     check_resume_compatible({"model_config": BertConfig(4096).to_dict()}, BertConfig(885),
                             "runs/tiny/checkpoints")
   assert "config asks for" not in str(e.value)
+
+
+def test_a_vocab_file_is_compared_by_its_tokens_not_its_path(tmp_path, monkeypatch):
+  from bert_jax import settings, trainer
+  tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat"]
+  saved = _config(vocab_file=str(tmp_path / "there.txt"))
+  meta = {"config": json.loads(saved.to_json()), "vocab": tokens}
+  monkeypatch.setattr(trainer.checkpointing, "newest_meta", lambda d: meta)
+
+  def check(vocab):
+    path = tmp_path / "here.txt"
+    path.write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    trainer._check_same_data(settings.from_config(_config(vocab_file=str(path))), "w")
+
+  check(tokens)  # the same tokens in another file: resumes
+  swapped = tokens[:5] + ["cat", "the", "sat"]
+  with pytest.raises(ConfigError, match=r"holds a run with another vocabulary \(8 tokens, "
+                                        r".*first difference at id 5: 'the' there, 'cat' here"):
+    check(swapped)
