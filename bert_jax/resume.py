@@ -185,9 +185,14 @@ class RunCheckpoints:
       older = [s for s in self.mngr.all_steps() if s != step]
     except Exception:  # pylint: disable=broad-except
       older = []
-    return CheckpointError(
+    err = CheckpointError(
         f"could not write checkpoint {self.ckpt_dir}/{step}: {console.write_reason(e)}; older "
         f"checkpoints are intact (steps {older})")
+    # Orbax/TensorStore threads of the failed write may still print (tracebacks of
+    # their closed event loops) and keep the interpreter from exiting: train_cli
+    # ends the process at once after this error's line.
+    err.background_failure = True
+    return err
 
   def abandon(self) -> None:
     """After an error: finish the checkpoint in flight, never hiding the error."""
