@@ -126,10 +126,34 @@ def _parse(spec: str) -> tuple[str, str, str]:
 
 
 def _plain(lhs: str, rhs: str, out: str, a, b, op_dtype):
-  """op_dtype x op_dtype -> float32 dot in einsum form (not differentiated)."""
-  dims, perm = _letters_to_dims(lhs, rhs, out)
-  y = jax.lax.dot_general(a.astype(op_dtype), b.astype(op_dtype), dims,
-                          preferred_element_type=_ACCUM)
+  """op_dtype x op_dtype -> float32 dot in einsum form (not differentiated).
+
+  The operands are first put in the canonical layout [batch, free, contract]
+  x [batch, contract, free]: with the contraction on the lhs's last axis XLA
+  CPU keeps the dot in its bf16 x bf16 -> f32 (YNNPACK) kernels; a leading
+  contraction axis (the weight gradient X^T G) otherwise reached a runtime
+  DotThunk that has no bf16 x bf16 -> f32 path ("Unsupported element type
+  for DotThunk::Execute", jaxlib 0.10.2).
+  """
+  batch = [x for x in lhs if x in rhs and x in out]
+  contract = [x for x in lhs if x in rhs and x not in out]
+  free = lambda u, v: [x for x in u if x not in v]
+  if (batch + free(lhs, rhs) + free(rhs, lhs) != list(out)
+      and batch + free(rhs, lhs) + free(lhs, rhs) == list(out)):
+    # Swapped operands give the output order directly: no output transpose,
+    # which XLA would fold into the dot as a leading-axis contraction.
+    lhs, rhs, a, b = rhs, lhs, b, a
+  lhs_c = "".join(batch + [x for x in lhs if x not in rhs] + contract)
+  rhs_c = "".join(batch + contract + [x for x in rhs if x not in lhs])
+  a = a.astype(op_dtype)
+  b = b.astype(op_dtype)
+  # optimization_barrier keeps XLA from folding the transposes back into the dot.
+  if lhs_c != lhs:
+    a = jax.lax.optimization_barrier(jnp.transpose(a, [lhs.index(x) for x in lhs_c]))
+  if rhs_c != rhs:
+    b = jax.lax.optimization_barrier(jnp.transpose(b, [rhs.index(x) for x in rhs_c]))
+  dims, perm = _letters_to_dims(lhs_c, rhs_c, out)
+  y = jax.lax.dot_general(a, b, dims, preferred_element_type=_ACCUM)
   return y if perm is None else jnp.transpose(y, perm)
 
 
