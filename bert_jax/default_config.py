@@ -48,7 +48,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.initializer_range = 0.02  # stddev of the truncated-normal initialiser
   c.model.gelu_approximate = False  # reference BERT uses exact (erf) GELU
   c.model.vocab_pad_multiple = 128  # pad the embedding table for fast matmuls
-  c.model.dtype = "bfloat16"  # compute dtype; params, softmax and loss stay float32
+  # Compute dtype: 'auto' = bfloat16 mixed precision (bf16 operands, float32
+  # accumulation) on TPU, GPU and CPUs with native bf16 dots, float32 elsewhere;
+  # or 'float32' | 'bfloat16' | 'float16'. Params, LayerNorm, softmax, loss: float32.
+  c.model.dtype = "auto"  # compute dtype: auto | float32 | bfloat16 | float16
   c.model.remat = False  # recompute activations in the backward pass (less memory, more time)
   # Dropout's random bits: 'hash' (a keyed counter hash, cheap) or 'threefry'
   # (JAX's default generator). Same keep probability either way.
@@ -86,4 +89,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 10_000  # steps between checkpoints
   c.keep_checkpoints = 3  # newest checkpoints kept
   c.progress_bar = True  # show a progress bar in the terminal
+  # JAX's persistent compilation cache: a repeated or resumed run skips compiling.
+  c.compile_cache_dir = "~/.cache/bert_jax/xla"  # compiled-step cache folder ('' = off)
   return c

@@ -71,6 +71,16 @@ def resolve_dtype(dtype: str, platform: Optional[str] = None,
   return "float32"
 
 
+def auto_reason(platform: Optional[str] = None, cpuinfo_path: str = "/proc/cpuinfo") -> str:
+  """Why 'auto' resolved as it did, in a few words (printed at start-up)."""
+  platform = (platform or jax.default_backend()).lower()
+  if platform != "cpu":
+    return "accelerators compute bfloat16 natively"
+  if cpu_has_native_bf16(cpuinfo_path):
+    return "this CPU has native bf16 dots (amx_bf16 or avx512_bf16)"
+  return "this CPU has no native bf16 dots (no amx_bf16 / avx512_bf16), so float32 is faster"
+
+
 # ----------------------------------------------------------------------------
 # dot_general <-> einsum letters
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import corpus
+from bert_jax import corpus, precision
 from bert_jax.errors import ConfigError
 from bert_jax.model import BertConfig
 
@@ -166,6 +166,7 @@ class RunSettings:
   checkpoint_every: int = 10_000
   keep_checkpoints: int = 3
   progress_bar: bool = True
+  compile_cache_dir: str = ""  # JAX persistent compilation cache ('' = off)
 
   def __post_init__(self):
     for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
@@ -184,6 +185,7 @@ class Settings:
   mesh: MeshSettings
   run: RunSettings
   config_json: str  # the whole config, stored in checkpoints for people
+  requested_dtype: str = ""  # config.model.dtype as given ('auto' before resolving)
 
   def model_config(self, vocab_size: int) -> BertConfig:
     """The model of this run once the vocabulary is known."""
@@ -233,7 +235,12 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
     raise _fail("train.batch_size", t.batch_size, "> 0")
   _positive_int("train.grad_accum_steps", t.grad_accum_steps)
   _positive_int("train.max_consecutive_nonfinite", t.max_consecutive_nonfinite)
-  model = BertConfig(vocab_size=1, **_fields(BertConfig, c.model, exclude=("vocab_size",)))
+  fields = _fields(BertConfig, c.model, exclude=("vocab_size",))
+  requested_dtype = fields["dtype"]
+  if requested_dtype not in ("auto", "float32", "bfloat16", "float16"):
+    raise _fail("model.dtype", requested_dtype, "'auto', 'float32', 'bfloat16' or 'float16'")
+  fields["dtype"] = precision.resolve_dtype(requested_dtype)
+  model = BertConfig(vocab_size=1, **fields)
   model.validate()
   if model.type_vocab_size < 2:  # one row would embed segments A and B alike
     raise _fail("model.type_vocab_size", model.type_vocab_size,
@@ -247,5 +254,5 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   return Settings(
       data=DataSettings(**c.data.to_dict()), masking=MaskingSettings(**c.masking.to_dict()),
       model=model, optimizer=optimizer, train=train, mesh=MeshSettings(**c.mesh.to_dict()),
-      run=run, config_json=c.to_json())
+      run=run, config_json=c.to_json(), requested_dtype=requested_dtype)
 
