@@ -10,6 +10,12 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # What the model learns besides masked-LM: 'mlm+nsp' (the reference: next
+  # sentence prediction), 'mlm' (RoBERTa: one segment of consecutive sentences
+  # of one document, no second task), 'mlm+sop' (ALBERT: sentence-order
+  # prediction, A and B from one document, swapped half the time). Changes the
+  # prepared examples and the loss.
+  c.objective = "mlm+nsp"
 
   # --- data: text -> WordPiece -> sentence-pair examples (stored once via TFDS) ---
   c.data = ml_collections.ConfigDict()
@@ -64,7 +70,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.b2 = 0.999
   c.train.eps = 1e-6
   c.train.weight_decay = 0.01
-  c.train.max_grad_norm = 1.0
+  c.train.max_grad_norm = 1.0  # 0 = no clipping
+  # 'adamw' (the reference) or 'lamb' (You et al. 2019, NVIDIA's and MLPerf's
+  # large-batch BERT: Adam scaled per parameter by ||w|| / ||update||). Same
+  # decay mask, schedule and clipping; a run cannot resume with the other one.
+  c.train.optimizer = "adamw"
   c.train.grad_accum_steps = 1
   # A step whose loss or gradient is NaN/inf is skipped (changes nothing);
   # this many in a row stop the run with an error.
