@@ -93,7 +93,8 @@ class TrainLoop:
           pending, t_last, n_last = [], time.perf_counter(), st.step
           self.reporter.write("train", st.step, m)
           bar.set_postfix(loss=f"{m['loss']:.3f}", mlm_acc=f"{m['mlm_accuracy']:.3f}",
-                          nsp_acc=f"{m['nsp_accuracy']:.3f}",
+                          **{f"{t}_acc": f"{m[t + '_accuracy']:.3f}" for t in ("nsp", "sop")
+                             if t + "_accuracy" in m},  # none for config.objective 'mlm'
                           seq_s=f"{m['sequences_per_sec']:.0f}")
           self._check_nonfinite(m["nonfinite_streak"])
         if st.step % run.checkpoint_every == 0 or st.step == num_steps:

@@ -41,7 +41,7 @@ def make_steps(s: Settings, vocab_size: int, special_ids: list[int], mask_id: in
     sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
   return TrainSteps(s.model_config(vocab_size), s.optimizer, s.masking, special_ids, mask_id,
                     mesh, s.mesh.param_sharding, s.train.grad_accum_steps, s.run.seed,
-                    is_continuation_V)
+                    is_continuation_V, objective=s.objective)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -94,10 +94,12 @@ def _run(s: Settings, workdir: str, mesh) -> dict:
     signals.uninstall()
     reporter.close()
   plot = reporter.plot(state.step)
+  heads = [t for t in ("nsp", "sop") if t + "_loss" in ev]  # none for config.objective 'mlm'
   console.log(f"final eval @ step {state.step}: MLM accuracy {ev['mlm_accuracy']:.4f} "
               f"(best constant guess {ev['mlm_best_constant_accuracy']:.4f}), "
-              f"NSP accuracy {ev['nsp_accuracy']:.4f}, MLM loss {ev['mlm_loss']:.4f}, "
-              f"NSP loss {ev['nsp_loss']:.4f}")
+              + "".join(f"{t.upper()} accuracy {ev[t + '_accuracy']:.4f}, " for t in heads)
+              + f"MLM loss {ev['mlm_loss']:.4f}"
+              + "".join(f", {t.upper()} loss {ev[t + '_loss']:.4f}" for t in heads))
   console.log(f"checkpoints: {ckpts.ckpt_dir}; TensorBoard: "
               f"{os.path.join(workdir, 'tensorboard')}; plot: {plot}")
   return ev
