@@ -10,6 +10,12 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0  # seed of initialisation, masking, dropout and data order
+  # What the model learns besides masked-LM: 'mlm+nsp' (the reference: next
+  # sentence prediction), 'mlm' (RoBERTa: one segment of consecutive sentences
+  # of one document, no second task), 'mlm+sop' (ALBERT: sentence-order
+  # prediction, A and B from one document, swapped half the time). Changes the
+  # prepared examples and the loss.
+  c.objective = "mlm+nsp"  # pre-training tasks: mlm+nsp | mlm | mlm+sop
 
   # --- data: text -> WordPiece -> sentence-pair examples (stored once via TFDS) ---
   c.data = ml_collections.ConfigDict()
@@ -67,7 +73,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.b2 = 0.999  # Adam beta2
   c.train.eps = 1e-6  # Adam epsilon
   c.train.weight_decay = 0.01  # decoupled weight decay (not on biases and LayerNorm)
-  c.train.max_grad_norm = 1.0  # clip the global gradient norm to this
+  c.train.max_grad_norm = 1.0  # clip the global gradient norm to this (0 = no clipping)
+  # 'adamw' (the reference) or 'lamb' (You et al. 2019, NVIDIA's and MLPerf's
+  # large-batch BERT: Adam scaled per parameter by ||w|| / ||update||). Same
+  # decay mask, schedule and clipping; a run cannot resume with the other one.
+  c.train.optimizer = "adamw"  # adamw | lamb
   c.train.grad_accum_steps = 1  # micro-batches per step (same result, less memory)
   # A step whose loss or gradient is NaN/inf is skipped (changes nothing);
   # this many in a row stop the run with an error.

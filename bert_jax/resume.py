@@ -6,6 +6,7 @@ how a failed background write becomes one clear line.
 """
 
 import dataclasses
+import functools
 import os
 from typing import Any, Optional, Sequence
 
@@ -58,6 +59,24 @@ def check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str,
         f"checkpoint {ckpt_dir} holds a run with another vocabulary ({len(theirs)} tokens, "
         f"this run has {len(ours)}; first difference at id {at}: {there} there, {here} here); "
         "use another --workdir, or the run's own vocabulary (data.vocab_file)")
+
+
+# Fields that change the optimizer state's tree or the data and loss: a run resumes only
+# with the values it started with. (Defaults: checkpoints older than the field.)
+_SAME_RECIPE = ((("train", "optimizer"), "adamw"), (("objective",), "mlm+nsp"))
+
+
+def check_same_recipe(saved: dict, ours: dict, ckpt_dir: str) -> None:
+  """The optimizer and objective of a checkpoint's run must be this run's; else one line."""
+  for path, default in _SAME_RECIPE:
+    get = lambda c: functools.reduce(lambda d, k: d.get(k, {}) if isinstance(d, dict) else {},
+                                     path[:-1], c).get(path[-1], default)
+    there, here = get(saved), get(ours)
+    if there != here:
+      field = ".".join(path)
+      raise CheckpointError(
+          f"--config.{field}={here!r}: checkpoint {ckpt_dir} was trained with {there!r}; "
+          f"resume with --config.{field}={there!r} or use another --workdir")
 
 
 class RunCheckpoints:
@@ -139,6 +158,7 @@ class RunCheckpoints:
       raise ValueError(f"meta is a {type(meta).__name__}, not a JSON object")  # damaged
     check_resume_compatible(meta, self.steps.bert_config, self.ckpt_dir,
                             self.meta_base.get("vocab"))
+    check_same_recipe(meta.get("config", {}), self.meta_base.get("config", {}), self.ckpt_dir)
     rng = jax.ShapeDtypeStruct(self.rng_data.shape, self.rng_data.dtype,
                                sharding=sharding.replicated(self.steps.mesh))
     params, opt_state, meta = checkpointing.restore_train_state(

@@ -17,11 +17,12 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import corpus, precision
+from bert_jax import corpus, precision, pretraining_data
 from bert_jax.errors import ConfigError
 from bert_jax.model import BertConfig
 
 MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] plus room to mask something
+OPTIMIZERS = ("adamw", "lamb")  # `config.train.optimizer`; optim.make_optimizer builds them
 
 
 def _fail(field: str, value: Any, expected: str) -> ConfigError:
@@ -39,7 +40,7 @@ def _positive_int(field: str, v: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-  """What data preparation reads (`config.data`)."""
+  """What data preparation reads (`config.data`, and `config.objective`)."""
   corpus: str = "builtin"
   format: str = "auto"
   vocab_file: str = ""
@@ -52,8 +53,12 @@ class DataSettings:
   max_eval_examples: int = 2048
   max_documents: int = 0
   cache_dir: str = ""
+  objective: str = "mlm+nsp"  # `config.objective`: which examples are made
 
   def __post_init__(self):
+    if self.objective not in pretraining_data.OBJECTIVES:
+      raise _fail("objective", self.objective,
+                  f"one of {', '.join(map(repr, pretraining_data.OBJECTIVES))}")
     if not 0.0 < self.eval_fraction < 1.0:
       raise _fail("data.eval_fraction", self.eval_fraction, "a fraction in (0, 1)")
     if self.max_eval_examples < 0:
@@ -98,8 +103,11 @@ class OptimizerSettings:
   eps: float = 1e-6
   weight_decay: float = 0.01
   max_grad_norm: float = 1.0
+  optimizer: str = "adamw"  # or "lamb"
 
   def __post_init__(self):
+    if self.optimizer not in OPTIMIZERS:
+      raise _fail("train.optimizer", self.optimizer, f"one of {', '.join(map(repr, OPTIMIZERS))}")
     _positive_int("train.num_steps", self.num_steps)
     if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
       raise _fail("train.warmup_steps", self.warmup_steps, "an integer >= 0")
@@ -187,6 +195,11 @@ class Settings:
   config_json: str  # the whole config, stored in checkpoints for people
   requested_dtype: str = ""  # config.model.dtype as given ('auto' before resolving)
 
+  @property
+  def objective(self) -> str:
+    """`config.objective` ('mlm+nsp', 'mlm', 'mlm+sop'): the data's and the loss's."""
+    return self.data.objective
+
   def model_config(self, vocab_size: int) -> BertConfig:
     """The model of this run once the vocabulary is known."""
     return dataclasses.replace(self.model, vocab_size=vocab_size).validate()
@@ -252,7 +265,8 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
                     model.max_position_embeddings))
   run = RunSettings(**_fields(RunSettings, c))
   return Settings(
-      data=DataSettings(**c.data.to_dict()), masking=MaskingSettings(**c.masking.to_dict()),
+      data=DataSettings(**c.data.to_dict(), objective=c.get("objective", "mlm+nsp")),
+      masking=MaskingSettings(**c.masking.to_dict()),
       model=model, optimizer=optimizer, train=train, mesh=MeshSettings(**c.mesh.to_dict()),
       run=run, config_json=c.to_json(), requested_dtype=requested_dtype)
 

@@ -42,7 +42,7 @@ def make_steps(s: Settings, vocab_size: int, special_ids: list[int], mask_id: in
     sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
   return TrainSteps(s.model_config(vocab_size), s.optimizer, s.masking, special_ids, mask_id,
                     mesh, s.mesh.param_sharding, s.train.grad_accum_steps, s.run.seed,
-                    is_continuation_V)
+                    is_continuation_V, objective=s.objective)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
