@@ -8,7 +8,9 @@ Keeping params apart lets `restore_params` read them without the optimizer, on
 any number of devices.
 """
 
+import errno
 import os
+import re
 import sys
 from typing import Any, Optional
 
@@ -124,9 +126,14 @@ def restore_params(path: str, step: Optional[int] = None,
     if step is not None:
       try:
         return _restore_params_step(mngr, root, step, sharding)
-      except _DAMAGE as e:
+      except Exception as e:  # pylint: disable=broad-except
+        kind, why = classify(e)
+        if kind == "other":
+          raise
+        if kind == "environment":
+          raise CheckpointError(environment_message(f"{root}/{step}", why)) from None
         raise CheckpointError(
-            f"checkpoint {root}/{step} is incomplete or unreadable ({_reason(e)}); expected a "
+            f"checkpoint {root}/{step} is incomplete or unreadable ({why}); expected a "
             f"complete checkpoint: pass another step (have {sorted(steps)}) or none for the "
             "newest complete one") from None
     skipped, tried, rotations = [], set(), 0
@@ -137,7 +144,12 @@ def restore_params(path: str, step: Optional[int] = None,
       tried.add(s)
       try:
         out = _restore_params_step(mngr, root, s, sharding)
-      except _DAMAGE as e:
+      except Exception as e:  # pylint: disable=broad-except
+        kind, why = classify(e)
+        if kind == "other":
+          raise
+        if kind == "environment":
+          raise CheckpointError(environment_message(f"{root}/{s}", why)) from None
         if not os.path.isdir(os.path.join(root, str(s))) and rotations < _MAX_ROTATIONS:
           # Deleted meanwhile by a run's max_to_keep (a newer step replaced it), not
           # damaged: list the steps again.
@@ -145,7 +157,7 @@ def restore_params(path: str, step: Optional[int] = None,
           mngr.reload()
           steps = sorted(mngr.all_steps(), reverse=True)
           continue
-        skipped.append(f"{root}/{s} ({_reason(e)})")
+        skipped.append(f"{root}/{s} ({why})")
         continue
       if skipped:
         print(f"warning: skipped incomplete or unreadable checkpoint {'; '.join(skipped)}; "
@@ -164,6 +176,56 @@ _MAX_ROTATIONS = 5  # steps a reader lets a writing run rotate away before givin
 # (FileNotFoundError, OSError), undecodable JSON or array data (ValueError,
 # TensorStore's DATA_LOSS included), and our own checks (CheckpointError).
 _DAMAGE = (KeyError, OSError, ValueError, CheckpointError)
+
+# What the environment raises, however intact the checkpoint: no space, a
+# read-only or forbidden file, no memory. Reading again once that is fixed works.
+_ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS,
+                                 errno.EACCES, errno.EPERM, errno.ENOMEM, errno.EMFILE,
+                                 errno.ENFILE})
+# The same as TensorStore and XLA report them (a status code or the OS's words in a
+# long text; TensorStore also appends os_error_code='N').
+_ENVIRONMENT_TEXT = re.compile(
+    r"RESOURCE_EXHAUSTED|PERMISSION_DENIED|No space left on device|Disk quota exceeded|"
+    r"Read-only file system|Permission denied|Operation not permitted|Cannot allocate memory|"
+    r"Out of memory|Too many open files")
+
+
+def classify(e: BaseException) -> tuple[str, str]:
+  """What a failure to read a checkpoint says about it, and why in one short line.
+
+  ("environment", why): no space, read-only, permission, memory (host or device):
+      the checkpoint may be intact, so it must not be moved or skipped;
+  ("damage", why): the checkpoint's own files are missing, truncated or do not
+      decode: another step may be read instead;
+  ("other", why): anything else (a bug, an interrupt): let it propagate.
+  The exception's causes count too: Orbax wraps TensorStore's errors (a
+  truncated file's OUT_OF_RANGE or DATA_LOSS ValueError) in a bare Exception.
+  """
+  seen, depth, damage = e, 0, None
+  while seen is not None and depth < 8:
+    if isinstance(seen, MemoryError):
+      return "environment", "MemoryError: out of host memory"
+    if isinstance(seen, OSError) and seen.errno in _ENVIRONMENT_ERRNOS:
+      return "environment", f"OSError: [Errno {seen.errno}] {os.strerror(seen.errno)}"
+    text = str(seen)
+    code = re.search(r"os_error_code='?(\d+)", text)
+    if code and int(code.group(1)) in _ENVIRONMENT_ERRNOS:
+      return "environment", f"OSError: [Errno {code.group(1)}] {os.strerror(int(code.group(1)))}"
+    if _ENVIRONMENT_TEXT.search(text):
+      return "environment", _reason(seen)
+    if damage is None and isinstance(seen, _DAMAGE):
+      damage = seen  # Orbax raises a bare Exception around TensorStore's ValueError
+    seen, depth = seen.__cause__ or seen.__context__, depth + 1
+  if damage is not None:
+    return "damage", _reason(damage)
+  return "other", _reason(e)
+
+
+def environment_message(step_dir: str, why: str) -> str:
+  """The one line for a checkpoint that the environment keeps from being read."""
+  return (f"could not read checkpoint {step_dir}: {why}; this is the environment, not the "
+          "checkpoint: nothing was moved or skipped; rerun once it is fixed (reading needs "
+          "permission, free space and memory)")
 
 
 def newest_meta(ckpt_dir: str) -> Optional[dict]:

@@ -225,6 +225,8 @@ def _settings(c: DataSettings, seed: int) -> dict:
       "eval_fraction": float(c.eval_fraction),
       "max_eval_examples": int(c.max_eval_examples),
       "seed": int(seed),
+      # Absent for the default, so data prepared before objectives existed stays valid.
+      **({"objective": c.objective} if c.objective != "mlm+nsp" else {}),
       "blocks": {"split_documents": SPLIT_BLOCK_DOCUMENTS, "split_chars": SPLIT_BLOCK_CHARS,
                  "window_documents": WINDOW_DOCUMENTS, "window_tokens": WINDOW_TOKENS},
   }
@@ -391,6 +393,8 @@ def _write_examples(c: DataSettings, tokenizer: Tokenizer,
   """One streaming pass: every seq_len's train and eval records; returns the stats."""
   start = time.perf_counter()
   pairs = corpus.resolve_format(c.corpus, c.format) == "tab"
+  # Tab lines are two-sentence documents: 'mlm' and 'mlm+sop' make theirs as from any document.
+  pair_nsp = pairs and c.objective == "mlm+nsp"
   seq_lens = sorted(out_dirs)
   big = tokenizer.vocab_size > 65536 or max(seq_lens) + 1 > 65535
   dtype = np.dtype(np.int32 if big else np.uint16)
@@ -414,8 +418,9 @@ def _write_examples(c: DataSettings, tokenizer: Tokenizer,
       if limit is not None and writer.count >= limit:
         continue
       rng = random.Random(rng_seed)
-      spans = (pretraining_data.pair_spans(window, l, c.dupe_factor, rng) if pairs else
-               pretraining_data.document_spans(window, l, c.short_seq_prob, c.dupe_factor, rng))
+      spans = (pretraining_data.pair_spans(window, l, c.dupe_factor, rng) if pair_nsp else
+               pretraining_data.document_spans(window, l, c.short_seq_prob, c.dupe_factor, rng,
+                                               c.objective))
       while block := list(itertools.islice(spans, _SPANS_PER_BLOCK)):
         if limit is not None:
           block = block[:limit - writer.count]
@@ -467,7 +472,8 @@ def _write_examples(c: DataSettings, tokenizer: Tokenizer,
         f"({stats['tokens_per_second']} tokens/s)", flush=True)
   for warning in corpus_stats.warnings():
     print(f"warning: corpus: {warning}", file=sys.stderr, flush=True)
-  if corpus_stats.one_sentence_documents:  # not an error, but it skews NSP toward NotNext
+  # Not an error, but it skews NSP toward NotNext ('mlm' and 'mlm+sop' never leave a document).
+  if corpus_stats.one_sentence_documents and c.objective == "mlm+nsp":
     print(f"warning: corpus '{c.corpus}': {corpus_stats.one_sentence_documents} of "
           f"{corpus_stats.documents} document(s) have a single sentence, so all their "
           "examples are NotNext (B from another document)", file=sys.stderr, flush=True)
@@ -476,7 +482,7 @@ def _write_examples(c: DataSettings, tokenizer: Tokenizer,
 
 def _rows(tokens_T: np.ndarray, spans_Kx5: np.ndarray, seq_len: int, tokenizer: Tokenizer,
           dtype: np.dtype) -> np.ndarray:
-  """Records [K, 3 + L]: n_a, n, label, input_ids."""
+  """Records [K, 3 + L]: n_a, n, label, input_ids (a one-segment span has n = n_a)."""
   rows = np.empty((len(spans_Kx5), HEADER + seq_len), dtype)
   rows[:, 0] = spans_Kx5[:, 1] + 2
   rows[:, 1] = spans_Kx5[:, 1] + spans_Kx5[:, 3] + 3

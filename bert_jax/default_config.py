@@ -10,6 +10,12 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0  # seed of initialisation, masking, dropout and data order
+  # What the model learns besides masked-LM: 'mlm+nsp' (the reference: next
+  # sentence prediction), 'mlm' (RoBERTa: one segment of consecutive sentences
+  # of one document, no second task), 'mlm+sop' (ALBERT: sentence-order
+  # prediction, A and B from one document, swapped half the time). Changes the
+  # prepared examples and the loss.
+  c.objective = "mlm+nsp"  # pre-training tasks: mlm+nsp | mlm | mlm+sop
 
   # --- data: text -> WordPiece -> sentence-pair examples (stored once via TFDS) ---
   c.data = ml_collections.ConfigDict()
@@ -48,7 +54,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.initializer_range = 0.02  # stddev of the truncated-normal initialiser
   c.model.gelu_approximate = False  # reference BERT uses exact (erf) GELU
   c.model.vocab_pad_multiple = 128  # pad the embedding table for fast matmuls
-  c.model.dtype = "bfloat16"  # compute dtype; params, softmax and loss stay float32
+  # Compute dtype: 'auto' = bfloat16 mixed precision (bf16 operands, float32
+  # accumulation) on TPU, GPU and CPUs with native bf16 dots, float32 elsewhere;
+  # or 'float32' | 'bfloat16' | 'float16'. Params, LayerNorm, softmax, loss: float32.
+  c.model.dtype = "auto"  # compute dtype: auto | float32 | bfloat16 | float16
   c.model.remat = False  # recompute activations in the backward pass (less memory, more time)
   # Dropout's random bits: 'hash' (a keyed counter hash, cheap) or 'threefry'
   # (JAX's default generator). Same keep probability either way.
@@ -64,7 +73,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.b2 = 0.999  # Adam beta2
   c.train.eps = 1e-6  # Adam epsilon
   c.train.weight_decay = 0.01  # decoupled weight decay (not on biases and LayerNorm)
-  c.train.max_grad_norm = 1.0  # clip the global gradient norm to this
+  c.train.max_grad_norm = 1.0  # clip the global gradient norm to this (0 = no clipping)
+  # 'adamw' (the reference) or 'lamb' (You et al. 2019, NVIDIA's and MLPerf's
+  # large-batch BERT: Adam scaled per parameter by ||w|| / ||update||). Same
+  # decay mask, schedule and clipping; a run cannot resume with the other one.
+  c.train.optimizer = "adamw"  # adamw | lamb
   c.train.grad_accum_steps = 1  # micro-batches per step (same result, less memory)
   # A step whose loss or gradient is NaN/inf is skipped (changes nothing);
   # this many in a row stop the run with an error.
@@ -86,4 +99,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 10_000  # steps between checkpoints
   c.keep_checkpoints = 3  # newest checkpoints kept
   c.progress_bar = True  # show a progress bar in the terminal
+  # JAX's persistent compilation cache: a repeated or resumed run skips compiling.
+  c.compile_cache_dir = "~/.cache/bert_jax/xla"  # compiled-step cache folder ('' = off)
   return c

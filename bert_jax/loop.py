@@ -212,8 +212,9 @@ class TrainLoop:
           pending, t_last, n_last, elapsed, real = [], now, st.step, 0.0, 0.0
           self._last_train_loss = m["loss"]
           self.reporter.write("train", st.step, m)
-          post = {"loss": f"{m['loss']:.3f}", "mlm_acc": f"{m['mlm_accuracy']:.3f}",
-                  "nsp_acc": f"{m['nsp_accuracy']:.3f}"}
+          post = {"loss": f"{m['loss']:.3f}", "mlm_acc": f"{m['mlm_accuracy']:.3f}"}
+          post |= {f"{t}_acc": f"{m[t + '_accuracy']:.3f}" for t in ("nsp", "sop")
+                   if t + "_accuracy" in m}  # none for config.objective 'mlm'
           if "sequences_per_sec" in m:
             post["seq_s"] = f"{m['sequences_per_sec']:.0f}"
           if "mfu" in m:
@@ -263,7 +264,9 @@ def _restart_rate(bar: tqdm, step: int) -> None:
 def with_stderr(ev: dict) -> dict:
   """Eval metrics plus the binomial standard error sqrt(p(1-p)/n) of each accuracy."""
   out = dict(ev)
-  for name in ("mlm", "nsp"):
+  for name in ("mlm", "nsp", "sop"):
+    if f"{name}_accuracy" not in ev:
+      continue  # no second task for config.objective 'mlm'
     p, n = ev[f"{name}_accuracy"], ev.get(f"{name}_count", 0.0)
     out[f"{name}_accuracy_stderr"] = math.sqrt(p * (1 - p) / n) if n > 0 else float("nan")
   return out
@@ -273,9 +276,12 @@ def describe_eval(ev: dict) -> str:
   """Eval metrics as one line, each accuracy with its standard error."""
   pm = lambda name: (f" ± {ev[f'{name}_accuracy_stderr']:.4f}"
                      if f"{name}_accuracy_stderr" in ev else "")
+  heads = [t for t in ("nsp", "sop") if t + "_accuracy" in ev]  # none for objective 'mlm'
   return (f"MLM accuracy {ev['mlm_accuracy']:.4f}{pm('mlm')} (best constant guess "
-          f"{ev['mlm_best_constant_accuracy']:.4f}), NSP accuracy {ev['nsp_accuracy']:.4f}"
-          f"{pm('nsp')}, MLM loss {ev['mlm_loss']:.4f}, NSP loss {ev['nsp_loss']:.4f}")
+          f"{ev['mlm_best_constant_accuracy']:.4f}), "
+          + "".join(f"{t.upper()} accuracy {ev[t + '_accuracy']:.4f}{pm(t)}, " for t in heads)
+          + f"MLM loss {ev['mlm_loss']:.4f}"
+          + "".join(f", {t.upper()} loss {ev[t + '_loss']:.4f}" for t in heads))
 
 
 def _train_metrics(pending: list) -> dict:

@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import precision
 from bert_jax.errors import ConfigError
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -38,7 +39,13 @@ class BertConfig:
   initializer_range: float = 0.02
   gelu_approximate: bool = False
   vocab_pad_multiple: int = 1
-  dtype: str = "float32"  # compute dtype; parameters are always float32
+  # Compute dtype; parameters, LayerNorm, softmax and losses are always float32.
+  # 'float32': every matmul in float32 (the reference numerics).
+  # 'bfloat16' / 'float16': mixed mode: activations in that dtype, and every
+  # matmul (forward and both gradient dots) takes operands in that dtype and
+  # accumulates in float32 (bert_jax.precision). 'auto' is not a model dtype:
+  # resolve it first with bert_jax.precision.resolve_dtype.
+  dtype: str = "float32"
   remat: bool = False
   dropout_rng: str = "hash"  # 'hash' | 'threefry': how dropout draws its random bits
 
@@ -50,6 +57,11 @@ class BertConfig:
   @property
   def compute_dtype(self) -> Any:
     return _DTYPES[self.dtype]
+
+  @property
+  def mixed(self) -> bool:
+    """True when matmuls take compute-dtype operands and accumulate in float32."""
+    return precision.is_mixed(self.compute_dtype)
 
   def validate(self) -> "BertConfig":
     """Raises ConfigError for a config that cannot work."""
@@ -70,7 +82,10 @@ class BertConfig:
       raise ConfigError(f"config.model.dropout_rng={self.dropout_rng!r}: expected one of "
                         f"{sorted(_DROPOUT_RNGS)}")
     if self.dtype not in _DTYPES:
-      raise ConfigError(f"config.model.dtype={self.dtype!r}: expected one of {sorted(_DTYPES)}")
+      hint = (" ('auto' must be resolved first: bert_jax.precision.resolve_dtype)"
+              if self.dtype == "auto" else "")
+      raise ConfigError(f"config.model.dtype={self.dtype!r}: expected one of "
+                        f"{sorted(_DTYPES)}{hint}")
     return self
 
   @classmethod
@@ -108,6 +123,27 @@ def _zeros(names: tuple):
 
 def _ones(names: tuple):
   return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
+
+
+def _dense_kw(config: BertConfig, dtype=None) -> dict:
+  """dtype/dot_general for nn.Dense and nn.DenseGeneral.
+
+  float32 mode: flax's own dot, unchanged (bit-for-bit the reference path).
+  Mixed mode: the layer computes in float32 (the float32 kernel and bias are
+  not rounded by flax) while its one dot is bert_jax.precision's custom-VJP
+  bf16 x bf16 -> f32 dot, so the kernel gradient stays float32; the bias is
+  added in float32 and the caller casts the result with `_out`.
+  """
+  if not config.mixed:
+    return {"dtype": config.compute_dtype if dtype is None else dtype}
+  return {"dtype": jnp.float32, "dot_general": precision.dot_general_fn(config.compute_dtype)}
+
+
+def _einsum(config: BertConfig, spec: str, a, b, out_dtype):
+  """The model's activation x activation matmuls (attention scores and context)."""
+  if not config.mixed:
+    return jnp.einsum(spec, a, b, preferred_element_type=out_dtype)
+  return precision.einsum(spec, a, b, op_dtype=config.compute_dtype, out_dtype=out_dtype)
 
 
 class LayerNorm(nn.Module):
@@ -220,8 +256,12 @@ class Embeddings(nn.Module):
     return self.dropout(self.LayerNorm(x_BxLxD), deterministic=deterministic)
 
   def attend(self, x_BxPxD):
-    """Logits against the (tied) token embedding table."""
-    return self.word_embeddings.attend(x_BxPxD)
+    """Logits against the (tied) token embedding table (float32 in mixed mode)."""
+    c = self.config
+    if not c.mixed:
+      return self.word_embeddings.attend(x_BxPxD)
+    return precision.einsum("bpd,vd->bpv", x_BxPxD, self.word_embeddings.embedding,
+                            op_dtype=c.compute_dtype)
 
 
 class SelfAttention(nn.Module):
@@ -231,25 +271,25 @@ class SelfAttention(nn.Module):
   def __call__(self, x_BxLxD, bias_Bx1x1xL, deterministic: bool):
     c = self.config
     head_dim = c.hidden_size // c.num_heads
+    cd = c.compute_dtype
     proj = functools.partial(
-        nn.DenseGeneral, features=(c.num_heads, head_dim), dtype=c.compute_dtype,
+        nn.DenseGeneral, features=(c.num_heads, head_dim), **_dense_kw(c),
         kernel_init=_init(c, ("embed", "heads", "kv")),
         bias_init=_zeros(("heads", "kv")))
-    q_BxLxHxK = proj(name="query")(x_BxLxD)
-    k_BxLxHxK = proj(name="key")(x_BxLxD)
-    v_BxLxHxK = proj(name="value")(x_BxLxD)
-    q_BxLxHxK = q_BxLxHxK / jnp.sqrt(head_dim).astype(c.compute_dtype)
+    q_BxLxHxK = proj(name="query")(x_BxLxD).astype(cd)
+    k_BxLxHxK = proj(name="key")(x_BxLxD).astype(cd)
+    v_BxLxHxK = proj(name="value")(x_BxLxD).astype(cd)
+    q_BxLxHxK = q_BxLxHxK / jnp.sqrt(head_dim).astype(cd)
     # Scores and softmax in float32, as the reference does.
-    s_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK,
-                           preferred_element_type=jnp.float32)
+    s_BxHxLxL = _einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK, jnp.float32)
     p_BxHxLxL = jax.nn.softmax(s_BxHxLxL + bias_Bx1x1xL, axis=-1)
     p_BxHxLxL = Dropout(c.attention_dropout_rate, c.dropout_rng)(
-        p_BxHxLxL, deterministic=deterministic).astype(c.compute_dtype)
-    o_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK)
+        p_BxHxLxL, deterministic=deterministic).astype(cd)
+    o_BxLxHxK = _einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK, None if not c.mixed else cd)
     return nn.DenseGeneral(
-        c.hidden_size, axis=(-2, -1), dtype=c.compute_dtype,
+        c.hidden_size, axis=(-2, -1), **_dense_kw(c),
         kernel_init=_init(c, ("heads", "kv", "embed")),
-        bias_init=_zeros(("embed",)), name="output")(o_BxLxHxK)
+        bias_init=_zeros(("embed",)), name="output")(o_BxLxHxK).astype(cd)
 
 
 class TransformerLayer(nn.Module):
@@ -263,13 +303,14 @@ class TransformerLayer(nn.Module):
     a_BxLxD = SelfAttention(c, name="attention")(x_BxLxD, bias_Bx1x1xL, deterministic)
     x_BxLxD = LayerNorm(c, name="attention_LayerNorm")(
         x_BxLxD + drop(a_BxLxD, deterministic=deterministic))
-    h_BxLxF = nn.Dense(c.intermediate_size, dtype=c.compute_dtype,
+    h_BxLxF = nn.Dense(c.intermediate_size, **_dense_kw(c),
                        kernel_init=_init(c, ("embed", "mlp")),
                        bias_init=_zeros(("mlp",)), name="intermediate")(x_BxLxD)
-    h_BxLxF = gelu(c, h_BxLxF)
-    o_BxLxD = nn.Dense(c.hidden_size, dtype=c.compute_dtype,
+    h_BxLxF = gelu(c, h_BxLxF.astype(c.compute_dtype))
+    o_BxLxD = nn.Dense(c.hidden_size, **_dense_kw(c),
                        kernel_init=_init(c, ("mlp", "embed")),
                        bias_init=_zeros(("embed",)), name="output")(h_BxLxF)
+    o_BxLxD = o_BxLxD.astype(c.compute_dtype)
     return LayerNorm(c, name="output_LayerNorm")(
         x_BxLxD + drop(o_BxLxD, deterministic=deterministic))
 
@@ -283,7 +324,7 @@ class BertModel(nn.Module):
     self.embeddings = Embeddings(c)
     layer_cls = nn.remat(TransformerLayer, static_argnums=(3,)) if c.remat else TransformerLayer
     self.layers = [layer_cls(c, name=f"layer_{i}") for i in range(c.num_layers)]
-    self.pooler = nn.Dense(c.hidden_size, dtype=c.compute_dtype,
+    self.pooler = nn.Dense(c.hidden_size, **_dense_kw(c),
                            kernel_init=_init(c, ("embed", "mlp")),
                            bias_init=_zeros(("mlp",)))
 
@@ -296,7 +337,7 @@ class BertModel(nn.Module):
     for layer in self.layers:
       x_BxLxD = layer(x_BxLxD, bias_Bx1x1xL, deterministic)
       hidden.append(x_BxLxD)
-    pooled_BxD = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
+    pooled_BxD = jnp.tanh(self.pooler(x_BxLxD[:, 0]).astype(self.config.compute_dtype))
     return BertOutput(x_BxLxD, pooled_BxD,
                       tuple(hidden) if output_hidden_states else None)
 
@@ -308,12 +349,13 @@ class BertForPreTraining(nn.Module):
   def setup(self):
     c = self.config
     self.bert = BertModel(c)
-    self.mlm_dense = nn.Dense(c.hidden_size, dtype=c.compute_dtype,
+    self.mlm_dense = nn.Dense(c.hidden_size, **_dense_kw(c),
                               kernel_init=_init(c, ("embed", "mlp")),
                               bias_init=_zeros(("mlp",)))
     self.mlm_LayerNorm = LayerNorm(c)
     self.mlm_bias = self.param("mlm_bias", _zeros(("vocab",)), (c.padded_vocab_size,))
-    self.nsp = nn.Dense(2, dtype=jnp.float32, kernel_init=_init(c, ("embed", None)),
+    self.nsp = nn.Dense(2, **_dense_kw(c, dtype=jnp.float32),
+                        kernel_init=_init(c, ("embed", None)),
                         bias_init=_zeros((None,)))
 
   def __call__(self, ids_BxL, segments_BxL, mask_BxL, positions_BxP,
@@ -324,7 +366,7 @@ class BertForPreTraining(nn.Module):
     # Gather the masked positions first: the vocabulary projection, the
     # largest matmul, then runs on P rows per sequence instead of L.
     h_BxPxD = jnp.take_along_axis(enc.sequence_BxLxD, positions_BxP[..., None], axis=1)
-    h_BxPxD = self.mlm_LayerNorm(gelu(c, self.mlm_dense(h_BxPxD)))
+    h_BxPxD = self.mlm_LayerNorm(gelu(c, self.mlm_dense(h_BxPxD).astype(c.compute_dtype)))
     logits_BxPxV = self.bert.embeddings.attend(h_BxPxD).astype(jnp.float32)
     bias_V = self.mlm_bias
     if c.padded_vocab_size != c.vocab_size:  # padding ids are never predicted

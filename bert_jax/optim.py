@@ -1,4 +1,4 @@
-"""Optax optimizer: Adam with decoupled weight decay, the BERT schedule, clipping.
+"""Optax optimizer: AdamW or LAMB, the BERT schedule, clipping.
 
 Steps with a non-finite loss or gradient are skipped (`skip_nonfinite`).
 
@@ -81,17 +81,26 @@ def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransfo
 
 
 def make_optimizer(train: OptimizerSettings) -> tuple[optax.GradientTransformation, Callable]:
-  """Returns (optimizer, learning-rate schedule); the settings were checked when made."""
+  """Returns (optimizer, learning-rate schedule); the settings were checked when made.
+
+  'adamw' and 'lamb' share the clipping, Adam's moments, the decoupled decay
+  with its mask and the schedule; LAMB (You et al. 2019) also rescales each
+  parameter's update by the trust ratio ||w|| / ||update||, as `optax.lamb`
+  (which applies it to every parameter, decayed or not). Their states differ
+  in structure, so a checkpoint resumes only with the optimizer that wrote it.
+  """
   schedule = bert_schedule(train.learning_rate, train.warmup_steps, train.num_steps)
   # max_grad_norm 0 means no clipping, as in HF Trainer and torch scripts.
   clip = (optax.clip_by_global_norm(train.max_grad_norm) if train.max_grad_norm > 0
           else optax.identity())
-  tx = skip_nonfinite(optax.chain(
+  parts = [
       clip,
       optax.scale_by_adam(b1=train.b1, b2=train.b2, eps=train.eps),
       # Decoupled: the decay is added after Adam's scaling, so it is not
       # rescaled by the second-moment estimate (AdamW, and the reference).
       optax.add_decayed_weights(train.weight_decay, mask=decay_mask),
-      optax.scale_by_learning_rate(schedule),
-  ))
+  ]
+  if train.optimizer == "lamb":  # AdamW's chain stays as it was: its checkpoints still load
+    parts.append(optax.scale_by_trust_ratio())  # after the decay, as optax.lamb
+  tx = skip_nonfinite(optax.chain(*parts, optax.scale_by_learning_rate(schedule)))
   return tx, schedule

@@ -17,6 +17,20 @@ to the same one), examples come out in generation order rather than shuffled
 per window. Tab-format corpora (one `A<TAB>B` pair per line) use
 `pair_spans`, the tutorial's simpler scheme.
 
+Besides the reference's NSP pairs (objective 'mlm+nsp'), `document_spans`
+makes the examples of two later objectives, from the same windows:
+
+- 'mlm' (RoBERTa's DOC-SENTENCES): whole consecutive sentences of one
+  document, as many as fit, in a single segment `[CLS] tokens [SEP]`; no
+  pair and no label. A sentence longer than the sequence is cut, as the
+  reference cuts a pair.
+- 'mlm+sop' (ALBERT's sentence-order prediction): A and B are consecutive
+  parts of one chunk of one document, as IsNext; with probability 0.5 they
+  are swapped (label SWAPPED). Both halves always come from one document:
+  a chunk of a single sentence (a document's last, or a one-sentence
+  document) is split inside the sentence; ALBERT would take B from another
+  document there.
+
 Shapes: K examples, L = max_seq_length, T tokens in a window.
 """
 
@@ -34,6 +48,13 @@ from bert_jax.errors import ConfigError
 
 IS_NEXT = 0
 NOT_NEXT = 1
+IN_ORDER, SWAPPED = 0, 1  # sentence-order labels ('mlm+sop'), stored like NSP's
+# What examples teach besides MLM (`config.objective`); the first is the default.
+OBJECTIVES = ("mlm+nsp", "mlm", "mlm+sop")
+# b_len of a one-segment span (objective 'mlm'): no B and no second [SEP]. The
+# pair formulas then give the single-segment layout unchanged: n = a_len + b_len
+# + 3 = a_len + 2 = n_a, so every segment id is 0.
+NO_SEGMENT_B = -1
 FEATURES = ("input_ids", "segment_ids", "input_mask", "next_sentence_label")
 MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] with room for a few tokens to mask
 
@@ -59,6 +80,7 @@ _SPECIALS_PER_PAIR = 3  # [CLS] A [SEP] B [SEP]
 _BLOCK = 4096  # examples gathered per vectorized step in the list API
 
 # A span is (a_start, a_len, b_start, b_len, label): offsets into Window.tokens.
+# b_len == NO_SEGMENT_B: a single segment `[CLS] A [SEP]` (label 0, unused).
 Span = tuple[int, int, int, int, int]
 
 
@@ -96,7 +118,7 @@ class Window:
 
 def create_examples(documents: Sequence[Sequence[Sequence[int]]], max_seq_length: int,
                     short_seq_prob: float, dupe_factor: int, seed: int, cls_id: int,
-                    sep_id: int) -> Iterator[dict[str, np.ndarray]]:
+                    sep_id: int, objective: str = "mlm+nsp") -> Iterator[dict[str, np.ndarray]]:
   """Yields `[CLS] A [SEP] B [SEP]` examples, zero-padded to `max_seq_length`.
 
   Each example: `input_ids`, `segment_ids`, `input_mask` int32 [max_seq_length]
@@ -104,12 +126,13 @@ def create_examples(documents: Sequence[Sequence[Sequence[int]]], max_seq_length
   sentences and documents are ignored; with fewer than two non-empty
   documents nothing is yielded (NotNext needs another document), so callers
   detect an unusable corpus by getting no examples. All documents form one
-  window.
+  window. Objective 'mlm' yields `[CLS] tokens [SEP]` (segment ids 0, label
+  0), 'mlm+sop' pairs labelled IN_ORDER / SWAPPED (see `document_spans`).
   """
   _check_args(max_seq_length, short_seq_prob, dupe_factor)
   window = Window.from_documents(documents)
   spans = document_spans(window, max_seq_length, short_seq_prob, dupe_factor,
-                         random.Random(seed))
+                         random.Random(seed), objective)
   return _examples(window, spans, max_seq_length, cls_id, sep_id)
 
 
@@ -156,20 +179,90 @@ def _check_args(max_seq_length: int, short_seq_prob: float, dupe_factor: int) ->
 
 
 def document_spans(window: Window, max_seq_length: int, short_seq_prob: float,
-                   dupe_factor: int, rng: random.Random) -> Iterator[Span]:
-  """The reference's pairs for every document of the window, `dupe_factor` passes.
+                   dupe_factor: int, rng: random.Random,
+                   objective: str = "mlm+nsp") -> Iterator[Span]:
+  """The examples of `objective` for every document of the window, `dupe_factor` passes.
 
-  Nothing is yielded for a window of fewer than two documents.
+  'mlm+nsp': the reference's pairs; nothing is yielded for a window of fewer
+  than two documents. 'mlm': one-segment spans; 'mlm+sop': order pairs.
   """
   _check_args(max_seq_length, short_seq_prob, dupe_factor)
-  if window.num_documents < 2:
+  per_document = {"mlm+nsp": _spans_from_document, "mlm": _single_spans,
+                  "mlm+sop": _order_spans}.get(objective)
+  if per_document is None:
+    raise ConfigError(f"--config.objective={objective!r}: expected one of "
+                      f"{', '.join(OBJECTIVES)}")
+  if objective == "mlm+nsp" and window.num_documents < 2:
     return
   # Sentence start offsets within each document, computed once for all passes.
   cums = [list(itertools.accumulate(d, initial=0)) for d in window.sentence_lengths]
   for _ in range(dupe_factor):
     for doc_index in range(window.num_documents):
-      yield from _spans_from_document(window, cums, doc_index, max_seq_length, short_seq_prob,
-                                      rng)
+      yield from per_document(window, cums, doc_index, max_seq_length, short_seq_prob, rng)
+
+
+def _target_length(max_num_tokens: int, short_seq_prob: float, rng: random.Random) -> int:
+  """Mostly fill the sequence, sometimes shorter (once per document, as the reference)."""
+  if rng.random() < short_seq_prob:
+    return rng.randint(2, max_num_tokens)
+  return max_num_tokens
+
+
+def _single_spans(window: Window, cums: list[list[int]], doc_index: int, max_seq_length: int,
+                  short_seq_prob: float, rng: random.Random) -> Iterator[Span]:
+  """'mlm': whole consecutive sentences while they fit; the next example goes on from there."""
+  lengths, cum = window.sentence_lengths[doc_index], cums[doc_index]
+  start = window.doc_starts[doc_index]
+  max_num_tokens = max_seq_length - 2  # [CLS] tokens [SEP]
+  target = _target_length(max_num_tokens, short_seq_prob, rng)
+  first = 0
+  for i in range(len(lengths)):
+    if i > first and cum[i + 1] - cum[first] > max_num_tokens:  # sentence i does not fit
+      yield _single(start + cum[first], cum[i] - cum[first])
+      first = i
+    if i == len(lengths) - 1 or cum[i + 1] - cum[first] >= target:
+      # Only a lone sentence can be over max_num_tokens: cut at random ends.
+      a_start, a_len, *_ = _truncated(start + cum[first], cum[i + 1] - cum[first], 0, 0, 0,
+                                      max_num_tokens, rng)
+      yield _single(a_start, a_len)
+      first = i + 1
+
+
+def _single(a_start: int, a_len: int) -> Span:
+  return (a_start, a_len, a_start + a_len, NO_SEGMENT_B, 0)
+
+
+def _order_spans(window: Window, cums: list[list[int]], doc_index: int, max_seq_length: int,
+                 short_seq_prob: float, rng: random.Random) -> Iterator[Span]:
+  """'mlm+sop': chunks as the reference's, A and B its consecutive parts, half swapped.
+
+  A chunk ends at the target length once it has two sentences, or at the
+  document's end; a last chunk of one sentence is split inside it (a
+  one-token sentence there gives no example).
+  """
+  lengths, cum = window.sentence_lengths[doc_index], cums[doc_index]
+  start = window.doc_starts[doc_index]
+  max_num_tokens = max_seq_length - _SPECIALS_PER_PAIR
+  target = _target_length(max_num_tokens, short_seq_prob, rng)
+  below = rng._randbelow  # pylint: disable=protected-access
+  first = 0
+  for i in range(len(lengths)):
+    n_chunk = i - first + 1
+    if i < len(lengths) - 1 and (n_chunk < 2 or cum[i + 1] - cum[first] < target):
+      continue
+    if n_chunk >= 2:
+      a_len = cum[first + 1 + below(n_chunk - 1)] - cum[first]
+    elif lengths[i] >= 2:
+      a_len = 1 + below(lengths[i] - 1)
+    else:
+      return
+    a_start = start + cum[first]
+    b_start, b_len = a_start + a_len, cum[i + 1] - cum[first] - a_len
+    if rng.random() < 0.5:  # B first, then A
+      yield _truncated(b_start, b_len, a_start, a_len, SWAPPED, max_num_tokens, rng)
+    else:
+      yield _truncated(a_start, a_len, b_start, b_len, IN_ORDER, max_num_tokens, rng)
+    first = i + 1
 
 
 def _spans_from_document(window: Window, cums: list[list[int]], doc_index: int,

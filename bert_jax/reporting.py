@@ -119,9 +119,13 @@ class Reporter:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # after use("Agg"): no display needed
     rows = self.history(max_step)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    panels = (("loss", "loss (MLM + NSP)", "loss"), ("mlm_accuracy", "MLM accuracy", "accuracy"),
-              ("nsp_accuracy", "NSP accuracy", "accuracy"))
+    # The second task's panel follows config.objective: NSP, SOP, or none for 'mlm'.
+    task = next((t for t in ("nsp", "sop") if any(f"{t}_accuracy" in r for r in rows)), None)
+    panels = (("loss", "loss (MLM" + (f" + {task.upper()})" if task else ")"), "loss"),
+              ("mlm_accuracy", "MLM accuracy", "accuracy"))
+    if task:
+      panels += ((f"{task}_accuracy", f"{task.upper()} accuracy", "accuracy"),)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     for ax, (key, title, ylabel) in zip(axes, panels):
       for split, style in (("train", "-"), ("eval", "o-")):
         pts = [(r["step"], r[key]) for r in rows if r["split"] == split and key in r]
@@ -132,7 +136,7 @@ class Reporter:
                if r["split"] == "eval" and "mlm_best_constant_accuracy" in r]
         if pts:
           ax.plot(*zip(*pts), "k--", alpha=0.6, label="best constant guess")
-      elif key == "nsp_accuracy":
+      elif key in ("nsp_accuracy", "sop_accuracy"):
         ax.axhline(0.5, color="k", linestyle="--", alpha=0.6, label="chance (0.5)")
       for i, start in enumerate(phase_starts):
         ax.axvline(start, color="gray", linestyle=":", label="phase change" if i == 0 else None)

@@ -6,8 +6,9 @@ how a failed background write becomes one clear line.
 """
 
 import dataclasses
+import functools
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
@@ -31,7 +32,14 @@ class RunState:
   opt_state: Any = None
 
 
-def check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str) -> None:
+def check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str,
+                            vocab: Optional[Sequence[str]] = None) -> None:
+  """A checkpoint's run must be this run's model and vocabulary; else one CheckpointError line.
+
+  `vocab` (the run's tokens in id order) is compared with the token list every
+  checkpoint's meta holds: a vocabulary of the same size with other tokens
+  would otherwise train on silently mismatched ids.
+  """
   saved = meta.get("model_config", {})
   for k, v in bert_config.to_dict().items():
     if k in _FREE_MODEL_FIELDS:
@@ -44,6 +52,35 @@ def check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str) 
       raise CheckpointError(
           f"checkpoint {ckpt_dir} has model {k}={saved[k]!r} but the config asks for {v!r}; "
           "use another --workdir or the original config")
+  theirs = meta.get("vocab")
+  if vocab is not None and theirs is not None and list(theirs) != list(vocab):
+    ours = list(vocab)
+    at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b),
+              min(len(theirs), len(ours)))
+    there = repr(theirs[at]) if at < len(theirs) else "none"
+    here = repr(ours[at]) if at < len(ours) else "none"
+    raise CheckpointError(
+        f"checkpoint {ckpt_dir} holds a run with another vocabulary ({len(theirs)} tokens, "
+        f"this run has {len(ours)}; first difference at id {at}: {there} there, {here} here); "
+        "use another --workdir, or the run's own vocabulary (data.vocab_file)")
+
+
+# Fields that change the optimizer state's tree or the data and loss: a run resumes only
+# with the values it started with. (Defaults: checkpoints older than the field.)
+_SAME_RECIPE = ((("train", "optimizer"), "adamw"), (("objective",), "mlm+nsp"))
+
+
+def check_same_recipe(saved: dict, ours: dict, ckpt_dir: str) -> None:
+  """The optimizer and objective of a checkpoint's run must be this run's; else one line."""
+  for path, default in _SAME_RECIPE:
+    get = lambda c: functools.reduce(lambda d, k: d.get(k, {}) if isinstance(d, dict) else {},
+                                     path[:-1], c).get(path[-1], default)
+    there, here = get(saved), get(ours)
+    if there != here:
+      field = ".".join(path)
+      raise CheckpointError(
+          f"--config.{field}={here!r}: checkpoint {ckpt_dir} was trained with {there!r}; "
+          f"resume with --config.{field}={there!r} or use another --workdir")
 
 
 class RunCheckpoints:
@@ -66,31 +103,66 @@ class RunCheckpoints:
     """The newest readable checkpoint's state; None if there is none.
 
     Orbax only lists complete checkpoints (one killed mid-write is a temporary
-    folder). A complete one that cannot be read (a truncated or deleted file)
-    is renamed to corrupt-<step>, so the step can be written again, and the
-    one before it is tried.
+    folder). Steps are tried newest first and nothing is moved while trying:
+    - a step whose own files are damaged (missing, truncated, undecodable:
+      `checkpointing.classify`) is passed over for the one before it;
+    - once a step is read, the damaged newer ones are renamed to corrupt-<step>
+      (kept for inspection; the steps can be written again), one warning each;
+    - an error of the environment (no space, read-only, permission, memory)
+      stops the run with one CheckpointError line, nothing moved;
+    - a checkpoint of another model or vocabulary: one CheckpointError line;
+    - if every step is damaged: one CheckpointError line listing them, nothing
+      moved, and the run does not start over from step 0.
     """
-    while (step := self.mngr.latest_step()) is not None:
+    damaged = []  # (step, why), newest first
+    for step in sorted(self.mngr.all_steps(), reverse=True):
       try:
-        return self.restore(step)
+        state = self.restore(step)
       except CheckpointError:
-        raise  # readable but made for another model: for the user to decide
+        raise  # readable but made for another model or vocabulary: for the user to decide
       except Exception as e:  # pylint: disable=broad-except
-        if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e):
-          raise  # the checkpoint may be fine; the device is too small
-        moved = checkpointing.move_aside(self.mngr, step)
-        previous = self.mngr.latest_step()
-        console.warn(
-            f"warning: checkpoint {self.ckpt_dir}/{step} is unreadable ({console.one_line(e)}); "
-            f"moved it to {moved}; " + (f"falling back to step {previous}" if previous
-                                        is not None else "no older one: starting from step 0"))
+        kind, why = checkpointing.classify(e)
+        if kind == "environment":
+          raise CheckpointError(checkpointing.environment_message(
+              f"{self.ckpt_dir}/{step}", why)) from None
+        if kind == "other":
+          raise
+        damaged.append((step, why))
+        continue
+      self._move_aside(damaged, step)
+      return state
+    if damaged:
+      raise CheckpointError(
+          f"no checkpoint in {self.ckpt_dir} can be restored: "
+          + "; ".join(f"step {s} ({why})" for s, why in damaged)
+          + "; nothing was moved and training did not start over from step 0: expected at "
+          "least one readable checkpoint; move the damaged steps away to start over, or use "
+          "another --workdir")
     return None
+
+  def _move_aside(self, damaged: list, readable: int) -> None:
+    """Renames the damaged steps newer than `readable` to corrupt-<step>, newest first."""
+    for step, why in damaged:
+      try:
+        moved = checkpointing.move_aside(self.mngr, step)
+      except OSError as e:
+        raise CheckpointError(
+            f"checkpoint {self.ckpt_dir}/{step} is unreadable ({why}) and could not be moved "
+            f"aside: {console.write_reason(e)}; step {readable} is readable: the workdir must "
+            f"be writable (or move {step} away yourself), then rerun") from None
+      console.warn(
+          f"warning: checkpoint {self.ckpt_dir}/{step} is unreadable ({why}); "
+          f"moved it to {moved}; falling back to step {readable}")
 
   def restore(self, step: int) -> RunState:
     # Model shape first: a mismatch should be one clear line, not an Orbax error.
     meta = self.mngr.restore(step, args=checkpointing.ocp.args.Composite(
         meta=checkpointing.ocp.args.JsonRestore()))["meta"]
-    check_resume_compatible(meta, self.steps.bert_config, self.ckpt_dir)
+    if not isinstance(meta, dict):
+      raise ValueError(f"meta is a {type(meta).__name__}, not a JSON object")  # damaged
+    check_resume_compatible(meta, self.steps.bert_config, self.ckpt_dir,
+                            self.meta_base.get("vocab"))
+    check_same_recipe(meta.get("config", {}), self.meta_base.get("config", {}), self.ckpt_dir)
     rng = jax.ShapeDtypeStruct(self.rng_data.shape, self.rng_data.dtype,
                                sharding=sharding.replicated(self.steps.mesh))
     params, opt_state, meta = checkpointing.restore_train_state(
@@ -137,9 +209,14 @@ class RunCheckpoints:
       older = [s for s in self.mngr.all_steps() if s != step]
     except Exception:  # pylint: disable=broad-except
       older = []
-    return CheckpointError(
+    err = CheckpointError(
         f"could not write checkpoint {self.ckpt_dir}/{step}: {console.write_reason(e)}; older "
         f"checkpoints are intact (steps {older})")
+    # Orbax/TensorStore threads of the failed write may still print (tracebacks of
+    # their closed event loops) and keep the interpreter from exiting: train_cli
+    # ends the process at once after this error's line.
+    err.background_failure = True
+    return err
 
   def abandon(self) -> None:
     """After an error: finish the checkpoint in flight, never hiding the error."""

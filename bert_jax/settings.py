@@ -17,11 +17,12 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import corpus
+from bert_jax import corpus, precision, pretraining_data
 from bert_jax.errors import ConfigError
 from bert_jax.model import BertConfig
 
 MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] plus room to mask something
+OPTIMIZERS = ("adamw", "lamb")  # `config.train.optimizer`; optim.make_optimizer builds them
 
 
 def _fail(field: str, value: Any, expected: str) -> ConfigError:
@@ -39,7 +40,7 @@ def _positive_int(field: str, v: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-  """What data preparation reads (`config.data`)."""
+  """What data preparation reads (`config.data`, and `config.objective`)."""
   corpus: str = "builtin"
   format: str = "auto"
   vocab_file: str = ""
@@ -52,8 +53,12 @@ class DataSettings:
   max_eval_examples: int = 2048
   max_documents: int = 0
   cache_dir: str = ""
+  objective: str = "mlm+nsp"  # `config.objective`: which examples are made
 
   def __post_init__(self):
+    if self.objective not in pretraining_data.OBJECTIVES:
+      raise _fail("objective", self.objective,
+                  f"one of {', '.join(map(repr, pretraining_data.OBJECTIVES))}")
     if not 0.0 < self.eval_fraction < 1.0:
       raise _fail("data.eval_fraction", self.eval_fraction, "a fraction in (0, 1)")
     if self.max_eval_examples < 0:
@@ -98,8 +103,11 @@ class OptimizerSettings:
   eps: float = 1e-6
   weight_decay: float = 0.01
   max_grad_norm: float = 1.0
+  optimizer: str = "adamw"  # or "lamb"
 
   def __post_init__(self):
+    if self.optimizer not in OPTIMIZERS:
+      raise _fail("train.optimizer", self.optimizer, f"one of {', '.join(map(repr, OPTIMIZERS))}")
     _positive_int("train.num_steps", self.num_steps)
     if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
       raise _fail("train.warmup_steps", self.warmup_steps, "an integer >= 0")
@@ -166,6 +174,7 @@ class RunSettings:
   checkpoint_every: int = 10_000
   keep_checkpoints: int = 3
   progress_bar: bool = True
+  compile_cache_dir: str = ""  # JAX persistent compilation cache ('' = off)
 
   def __post_init__(self):
     for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
@@ -184,6 +193,12 @@ class Settings:
   mesh: MeshSettings
   run: RunSettings
   config_json: str  # the whole config, stored in checkpoints for people
+  requested_dtype: str = ""  # config.model.dtype as given ('auto' before resolving)
+
+  @property
+  def objective(self) -> str:
+    """`config.objective` ('mlm+nsp', 'mlm', 'mlm+sop'): the data's and the loss's."""
+    return self.data.objective
 
   def model_config(self, vocab_size: int) -> BertConfig:
     """The model of this run once the vocabulary is known."""
@@ -233,7 +248,12 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
     raise _fail("train.batch_size", t.batch_size, "> 0")
   _positive_int("train.grad_accum_steps", t.grad_accum_steps)
   _positive_int("train.max_consecutive_nonfinite", t.max_consecutive_nonfinite)
-  model = BertConfig(vocab_size=1, **_fields(BertConfig, c.model, exclude=("vocab_size",)))
+  fields = _fields(BertConfig, c.model, exclude=("vocab_size",))
+  requested_dtype = fields["dtype"]
+  if requested_dtype not in ("auto", "float32", "bfloat16", "float16"):
+    raise _fail("model.dtype", requested_dtype, "'auto', 'float32', 'bfloat16' or 'float16'")
+  fields["dtype"] = precision.resolve_dtype(requested_dtype)
+  model = BertConfig(vocab_size=1, **fields)
   model.validate()
   if model.type_vocab_size < 2:  # one row would embed segments A and B alike
     raise _fail("model.type_vocab_size", model.type_vocab_size,
@@ -245,7 +265,8 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
                     model.max_position_embeddings))
   run = RunSettings(**_fields(RunSettings, c))
   return Settings(
-      data=DataSettings(**c.data.to_dict()), masking=MaskingSettings(**c.masking.to_dict()),
+      data=DataSettings(**c.data.to_dict(), objective=c.get("objective", "mlm+nsp")),
+      masking=MaskingSettings(**c.masking.to_dict()),
       model=model, optimizer=optimizer, train=train, mesh=MeshSettings(**c.mesh.to_dict()),
-      run=run, config_json=c.to_json())
+      run=run, config_json=c.to_json(), requested_dtype=requested_dtype)
 

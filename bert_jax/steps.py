@@ -4,6 +4,14 @@ Each step is jitted once per phase, with its shardings and the parameters and
 optimizer state donated. Randomness is a pure function of (seed, step):
 masking and dropout keys come from `fold_in(train_key, step)`.
 
+The objective (`config.objective`) sets the second loss term: 'mlm+nsp'
+adds next-sentence prediction; 'mlm+sop' adds sentence-order prediction
+through the same 2-way head and loss (the model's `nsp` head is reused:
+label 0 = in order, 1 = swapped), reported as sop_*; 'mlm' adds nothing,
+so the NSP head and the pooler get no gradient (weight decay still shrinks
+them; they stay in the parameters, so every checkpoint has one structure)
+and no nsp_* metric is reported.
+
 Shape legend: B global batch, L sequence length, P max predictions, A gradient
 accumulation steps, b = B / A micro-batch, V padded vocabulary.
 """
@@ -20,8 +28,12 @@ from jax.sharding import Mesh
 from bert_jax import losses, masking, model as model_lib, optim, sharding
 from bert_jax.errors import ConfigError
 from bert_jax.model import BertConfig, BertForPreTraining
-from bert_jax.pretraining_data import Batch
+from bert_jax.pretraining_data import OBJECTIVES, Batch
 from bert_jax.settings import MaskingSettings, OptimizerSettings
+
+# Metric prefix of the 2-way head's task per objective; None: MLM alone.
+HEAD_TASK = {"mlm+nsp": "nsp", "mlm": None, "mlm+sop": "sop"}
+assert set(HEAD_TASK) == set(OBJECTIVES)
 
 
 class TrainSteps:
@@ -30,7 +42,12 @@ class TrainSteps:
   def __init__(self, bert_config: BertConfig, optimizer: OptimizerSettings,
                masking_settings: MaskingSettings, special_ids: list[int], mask_id: int,
                mesh: Mesh, param_sharding: str = "replicated", grad_accum_steps: int = 1,
-               seed: int = 0, is_continuation_V: Optional[np.ndarray] = None):
+               seed: int = 0, is_continuation_V: Optional[np.ndarray] = None,
+               objective: str = "mlm+nsp"):
+    if objective not in HEAD_TASK:
+      raise ConfigError(f"--config.objective={objective!r}: expected one of "
+                        f"{', '.join(OBJECTIVES)}")
+    self.head_task = HEAD_TASK[objective]
     self.bert_config = bert_config
     self.model = BertForPreTraining(bert_config)
     self.tx, self.schedule = optim.make_optimizer(optimizer)
@@ -85,6 +102,8 @@ class TrainSteps:
     """(loss, (mlm, nsp)), grads of the whole batch, accumulated over A micro-batches."""
     def loss_fn(p, micro, m, k):
       mlm, nsp = self._sums(p, micro, m, k, deterministic=False)
+      if self.head_task is None:  # 'mlm': the head's loss is computed but not trained on
+        return mlm.loss / mlm_n, (mlm, nsp)
       return mlm.loss / mlm_n + nsp.loss / nsp_n, (mlm, nsp)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -127,8 +146,7 @@ class TrainSteps:
       good = lambda x: jnp.where(ok, x, 0.0)  # a skipped step's NaNs stay out of the averages
       metrics = {"loss": good(loss), "mlm_loss": good(mlm.loss),
                  "mlm_correct": good(mlm.correct), "mlm_count": good(mlm.count),
-                 "nsp_loss": good(nsp.loss), "nsp_correct": good(nsp.correct),
-                 "nsp_count": good(nsp.count), "grad_norm": good(optax.tree.norm(grads)),
+                 **self._head_sums(nsp, good), "grad_norm": good(optax.tree.norm(grads)),
                  "learning_rate": self.schedule(step), "skipped": 1.0 - ok.astype(jnp.float32),
                  "nonfinite_streak": opt_state.streak, "skipped_total": opt_state.skipped}
       return params, opt_state, metrics
@@ -140,6 +158,14 @@ class TrainSteps:
                      donate_argnums=(0, 1))
     self._steps[max_predictions] = jitted
     return jitted
+
+  def _head_sums(self, sums: losses.Sums, f: Callable = lambda x: x) -> dict:
+    """The 2-way head's sums named by its task (nsp_* or sop_*); none for 'mlm'."""
+    task = self.head_task
+    if task is None:
+      return {}
+    return {f"{task}_loss": f(sums.loss), f"{task}_correct": f(sums.correct),
+            f"{task}_count": f(sums.count)}
 
   def params_finite(self, params) -> bool:
     """True if no parameter is NaN or inf (checked before every checkpoint)."""
@@ -161,8 +187,7 @@ class TrainSteps:
       # Label histogram: the best constant guess is the chance level to beat.
       hist_V = jnp.zeros(vocab, jnp.float32).at[masked.labels_BxP].add(masked.weights_BxP)
       return {"mlm_loss": mlm.loss, "mlm_correct": mlm.correct, "mlm_count": mlm.count,
-              "nsp_loss": nsp.loss, "nsp_correct": nsp.correct, "nsp_count": nsp.count,
-              "label_hist": hist_V}
+              **self._head_sums(nsp), "label_hist": hist_V}
 
     bs = sharding.batch_sharding(self.mesh)
     rep = sharding.replicated(self.mesh)
@@ -182,17 +207,23 @@ class TrainSteps:
     if total is None:
       raise ConfigError("evaluation split is empty: expected at least one eval batch")
     t = jax.device_get(total)
-    return summarize(t) | {"mlm_best_constant_accuracy":
-                           float(t["label_hist"].max() / max(t["mlm_count"], 1.0)),
-                           "mlm_count": float(t["mlm_count"]), "nsp_count": float(t["nsp_count"])}
+    counts = {f"{k}_count": float(t[f"{k}_count"]) for k in ("mlm", "nsp", "sop")
+              if f"{k}_count" in t}  # for standard errors
+    return summarize(t) | counts | {
+        "mlm_best_constant_accuracy": float(t["label_hist"].max() / max(t["mlm_count"], 1.0))}
 
 
 def summarize(sums: dict) -> dict:
-  """(sum, count) metrics -> means."""
-  mlm_n, nsp_n = max(float(sums["mlm_count"]), 1.0), max(float(sums["nsp_count"]), 1.0)
+  """(sum, count) metrics -> means; nsp_* / sop_* only when the sums have them."""
+  mlm_n = max(float(sums["mlm_count"]), 1.0)
   out = {"mlm_loss": float(sums["mlm_loss"]) / mlm_n,
-         "mlm_accuracy": float(sums["mlm_correct"]) / mlm_n,
-         "nsp_loss": float(sums["nsp_loss"]) / nsp_n,
-         "nsp_accuracy": float(sums["nsp_correct"]) / nsp_n}
-  out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+         "mlm_accuracy": float(sums["mlm_correct"]) / mlm_n}
+  loss = out["mlm_loss"]
+  for task in ("nsp", "sop"):
+    if f"{task}_count" in sums:
+      n = max(float(sums[f"{task}_count"]), 1.0)
+      out[f"{task}_loss"] = float(sums[f"{task}_loss"]) / n
+      out[f"{task}_accuracy"] = float(sums[f"{task}_correct"]) / n
+      loss = loss + out[f"{task}_loss"]
+  out["loss"] = loss
   return out

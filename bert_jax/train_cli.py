@@ -87,11 +87,25 @@ def _parse_flags(argv: list[str]) -> list[str]:
     _flag_error(e)
 
 
-def _last_line(text: str) -> None:
+def _last_line(text: str, threads_failed: bool = False) -> None:
   # One write to the file descriptor: library threads (TensorStore after a failed
   # write) may still be printing tracebacks piecewise through sys.stderr, and a
   # half-printed one must not swallow the start of this line.
-  os.write(sys.stderr.fileno(), (text + "\n").encode())
+  fd = sys.stderr.fileno()
+  if threads_failed:
+    # Their later output goes nowhere, so this stays the last line; the newline
+    # ends a line they may have left half-printed.
+    fd = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stderr.fileno())
+    text = "\n" + text
+  os.write(fd, (text + "\n").encode())
+
+
+def _exit_now(code: int) -> None:
+  """Exits without waiting for library threads (Orbax's, after a failed write)."""
+  sys.stdout.flush()
+  os._exit(code)  # pylint: disable=protected-access
 
 
 def _main(argv):
@@ -109,7 +123,10 @@ def _main(argv):
     _last_line(f"interrupted: {e}")
     sys.exit(128 + e.signum)  # 143 for SIGTERM, 130 for SIGINT, as the shell reports them
   except BertJaxError as e:
-    _last_line(f"error: {e}")
+    threads_failed = getattr(e, "background_failure", False)
+    _last_line(f"error: {e}", threads_failed)
+    if threads_failed:
+      _exit_now(2)  # a failed background write never keeps the process alive
     sys.exit(2)
   except KeyboardInterrupt:  # Ctrl-C before training started (e.g. preparing data)
     print("interrupted", file=sys.stderr)

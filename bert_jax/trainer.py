@@ -13,8 +13,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import (checkpointing, console, data_setup, settings as settings_lib, sharding,
-                      workdir_lock)
+from bert_jax import (checkpointing, compile_cache, console, data_setup, precision,
+                      settings as settings_lib, sharding, workdir_lock)
 from bert_jax.errors import ConfigError
 from bert_jax.loop import TrainLoop, describe_eval
 from bert_jax.preemption import StopSignals
@@ -87,7 +87,7 @@ def make_steps(s: Settings, vocab_size: int, special_ids: list[int], mask_id: in
     sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
   return TrainSteps(s.model_config(vocab_size), s.optimizer, s.masking, special_ids, mask_id,
                     mesh, s.mesh.param_sharding, s.train.grad_accum_steps, s.run.seed,
-                    is_continuation_V)
+                    is_continuation_V, objective=s.objective)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -97,6 +97,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """
   s = settings_lib.from_config(config)  # fail before anything is written
   _check_workdir(workdir)
+  _enable_compile_cache(s.run.compile_cache_dir)
   mesh = sharding.make_mesh(s.mesh.model_parallel)
   sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
   # One run per workdir: a second one stops here, before writing anything.
@@ -110,7 +111,7 @@ def _run(s: Settings, workdir: str, mesh) -> dict:
   tok = prepared.tokenizer
   steps = make_steps(s, tok.vocab_size, tok.special_ids(), tok.mask_id,
                      tok.is_continuation() if s.masking.whole_word else None, mesh)
-  _log_model(steps, tok.vocab_size)
+  _log_model(steps, tok.vocab_size, s.requested_dtype)
 
   ckpts = RunCheckpoints(checkpoint_dir(workdir), s.run.keep_checkpoints, steps, {
       "model_config": steps.bert_config.to_dict(), "vocab": tok.vocab,
@@ -167,8 +168,22 @@ def _stored_final_eval(s: Settings, step: int, reporter: Reporter):
   return {k: v for k, v in rows[-1].items() if k not in ("split", "step")} if rows else None
 
 
-def _log_model(steps: TrainSteps, vocab_size: int) -> None:
+def _enable_compile_cache(cache_dir: str) -> None:
+  """Compiled steps are reused by the next run on this machine; a cache that cannot be
+  made costs only the speed-up, never the run."""
+  try:
+    compile_cache.enable(cache_dir)
+  except OSError as e:
+    console.warn(f"warning: --config.compile_cache_dir={cache_dir!r}: {e.strerror}; "
+                 "compiling without the persistent cache")
+
+
+def _log_model(steps: TrainSteps, vocab_size: int, requested_dtype: str) -> None:
   c, mesh = steps.bert_config, steps.mesh
+  mode = "float32" if c.dtype == "float32" else f"{c.dtype} operands, float32 accumulation"
+  console.log(f"compute dtype: {mode}" + (
+      f" (auto on {jax.devices()[0].platform}: {precision.auto_reason()})"
+      if requested_dtype == "auto" else ""))
   n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(steps.abstract_params))
   console.log(
       f"model: {c.num_layers} layers, hidden {c.hidden_size}, {c.num_heads} heads, vocab "

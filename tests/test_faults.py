@@ -19,6 +19,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -124,22 +126,39 @@ class Launch:
   newest_complete: object  # newest complete checkpoint step after the run ended
   tmp_left: list  # Orbax temporary folders after it ended
   logged: int  # highest logged train step
+  exit_after_error: object = None  # seconds from its `error:` line to its exit, if any
 
 
 def _launch(argv, env, workdir, fault, stop):
   """Starts `argv`, calls `stop(proc)` (which ends it or returns), waits, records."""
   proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
+  out, err, error_at = [], [], []
+
+  def read(pipe, lines, is_stderr):
+    for line in pipe:
+      if is_stderr and "error:" in line and not error_at:
+        error_at.append(time.monotonic())
+      lines.append(line)
+
+  readers = [threading.Thread(target=read, args=(proc.stdout, out, False), daemon=True),
+             threading.Thread(target=read, args=(proc.stderr, err, True), daemon=True)]
+  for r in readers:
+    r.start()
   try:
     stop(proc)
-    out, err = proc.communicate(timeout=300)
+    proc.wait(timeout=300)
+    exited = time.monotonic()
   finally:
     if proc.poll() is None:
       proc.kill()
-      proc.communicate()
+      proc.wait()
+    for r in readers:
+      r.join(timeout=30)
   steps = soak_kill.complete_steps(workdir)
-  return Launch(fault, proc.returncode, out, err, steps[-1] if steps else None,
-                soak_kill.tmp_dirs(workdir), soak_kill.logged_steps(workdir))
+  return Launch(fault, proc.returncode, "".join(out), "".join(err), steps[-1] if steps else None,
+                soak_kill.tmp_dirs(workdir), soak_kill.logged_steps(workdir),
+                exited - error_at[0] if error_at else None)
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +240,10 @@ def test_disk_full_is_one_error_line_and_older_checkpoints_restore(chain):
   failed = int(errors[0].split("checkpoints/")[1].split(":")[0])
   assert f"{failed}.orbax-checkpoint-tmp" in full.tmp_left, msg  # never listed as a step
   assert chain["restorable_after_disk_full"] == full.newest_complete < failed, msg
+  # The failed write's background threads do not keep the process alive, and
+  # what they print never follows the error line.
+  assert full.exit_after_error is not None and full.exit_after_error < 5, msg
+  assert full.stderr.rstrip().splitlines()[-1] == errors[0], msg
 
 
 def test_finished_chain_equals_the_uninterrupted_run_bit_for_bit(chain, reference):

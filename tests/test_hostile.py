@@ -542,6 +542,9 @@ CASES = [
        "model.safetensors", ("2 tensor(s)", "bert.embeddings.LayerNorm.bias",
                              "cls.seq_relationship.bias"), "odd",
        lambda r, c: _imported_ok(r, c)),
+    Case("train-resume-with-another-vocabulary", "train", lambda d, w: Call(
+        "train", _other_vocabulary(w, d), _copy_run(w, d)),
+       "holds a run with another vocabulary", ("first difference at id", "--workdir")),
 ]
 
 
@@ -617,3 +620,15 @@ def _exported(res: Result, call: Call) -> None:
 
 def _imported_ok(res: Result, call: Call) -> None:
   assert os.path.isdir(os.path.join(call.args[2], "checkpoints", "0"))
+
+
+def _other_vocabulary(w: World, d) -> dict[str, Any]:
+  """Overrides for a vocabulary of the same size with two tokens swapped, its data
+  prepared in the case folder beforehand (a failed run writes nothing)."""
+  other = list(VOCAB)
+  other[5], other[6] = other[6], other[5]
+  overrides = {"data.vocab_file": _text(d / "other_vocab.txt", "".join(t + "\n" for t in other)),
+               "data.cache_dir": str(d / "cache")}
+  c = _config({**w.base(), **overrides})
+  dataset.prepare(settings.DataSettings(**c.data.to_dict()), [SEQ_LEN], c.data.cache_dir, c.seed)
+  return overrides

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, convert, features
+from bert_jax import checkpointing, convert, features_cli
 from bert_jax.errors import CheckpointError
 from tests.test_convert import hf_state, write_hf_dir
 
@@ -165,7 +165,7 @@ def test_in_process_clis_agree(workdir, tmp_path, capsys):
       f"checkpoints/{NEWEST}") == 1
   inp = tmp_path / "in.txt"
   inp.write_text("the cat\n", encoding="utf-8")
-  assert features.main(["--checkpoint", wd, "--input", str(inp), "--output",
+  assert features_cli.main(["--checkpoint", wd, "--input", str(inp), "--output",
                         str(tmp_path / "f.npy"), "--step", str(NEWEST)]) == 2
   err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
   assert len(err) == 1 and err[0].startswith("error:") and "missing item" in err[0]

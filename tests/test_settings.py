@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from bert_jax import settings
+from bert_jax import precision, settings
 from bert_jax.errors import ConfigError
 from configs import base, large, tiny
 
@@ -68,3 +68,14 @@ def test_model_config_takes_the_vocabulary_size_and_keeps_the_rest():
   s = settings.from_config(tiny.get_config())
   m = s.model_config(777)
   assert m.vocab_size == 777 and m.hidden_size == tiny.get_config().model.hidden_size
+
+
+def test_auto_dtype_is_resolved_for_this_machine_and_remembered():
+  s = settings.from_config(base.get_config())  # base asks for 'auto'
+  assert s.requested_dtype == "auto"
+  assert s.model.dtype == precision.resolve_dtype("auto") and s.model.dtype != "auto"
+
+
+def test_an_explicit_dtype_wins_over_auto():
+  s = settings.from_config(_with(model__dtype="bfloat16"))
+  assert s.model.dtype == "bfloat16" and s.requested_dtype == "bfloat16"
