@@ -19,7 +19,7 @@ from bert_jax.errors import ConfigError
 from bert_jax.loop import TrainLoop, describe_eval
 from bert_jax.preemption import StopSignals
 from bert_jax.reporting import Reporter
-from bert_jax.resume import RunCheckpoints, RunState, checkpoint_dir
+from bert_jax.resume import RunCheckpoints, RunState, check_same_recipe, checkpoint_dir
 from bert_jax.settings import Settings
 from bert_jax.steps import TrainSteps
 from bert_jax.tokenizer import Tokenizer
@@ -48,6 +48,8 @@ def _same_path(a, b) -> bool:
 def _check_same_data(s: Settings, workdir: str) -> None:
   """A workdir whose checkpoint was trained on another corpus or vocabulary is refused."""
   meta = checkpointing.newest_meta(checkpoint_dir(workdir))
+  if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
+    check_same_recipe(meta["config"], json.loads(s.config_json), checkpoint_dir(workdir))
   saved = ((meta or {}).get("config") or {}).get("data")
   if not isinstance(saved, dict):
     return  # no checkpoint (or one of an older version): nothing to compare

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bert_jax.errors import ConfigError
+from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.trainer import train_and_evaluate
 from configs import tiny
 
@@ -121,3 +121,18 @@ def test_a_vocab_file_is_compared_by_its_tokens_not_its_path(tmp_path, monkeypat
   with pytest.raises(ConfigError, match=r"holds a run with another vocabulary \(8 tokens, "
                                         r".*first difference at id 5: 'the' there, 'cat' here"):
     check(swapped)
+
+
+@pytest.mark.parametrize("field, value", [("objective", "mlm"), ("train.optimizer", "lamb")])
+def test_another_objective_or_optimizer_is_refused_before_preparing(toy_workdir, field, value):
+  before = _snapshot(toy_workdir)
+  c = _config()
+  *parents, name = field.split(".")
+  node = c
+  for p in parents:
+    node = node[p]
+  node[name] = value
+  with pytest.raises(BertJaxError, match=f"--config.{field}={value!r}") as e:
+    train_and_evaluate(c, toy_workdir)
+  assert "\n" not in str(e.value)
+  assert _snapshot(toy_workdir) == before  # nothing prepared for the other objective
