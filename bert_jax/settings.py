@@ -286,12 +286,13 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
     raise _fail("model.dtype", requested_dtype, "'auto', 'float32', 'bfloat16' or 'float16'")
   fields["dtype"] = precision.resolve_dtype(requested_dtype)
   model = BertConfig(vocab_size=1, **fields)
-  model.validate()
-  if model.type_vocab_size < 2:  # one row would embed segments A and B alike
-    raise _fail("model.type_vocab_size", model.type_vocab_size,
-                ">= 2 (segment A and segment B of a sentence pair)")
   data = c.data.to_dict()
   init = _init_settings(c, data)
+  if not init.path:  # else the shape is the source's: bert_jax.init_from checks the config
+    model.validate()
+  if model.type_vocab_size < 2 and not init.path:  # one row would embed A and B alike
+    raise _fail("model.type_vocab_size", model.type_vocab_size,
+                ">= 2 (segment A and segment B of a sentence pair)")
   # A continued run's position table is its source's: bert_jax.init_from checks seq_lens.
   max_positions = model.max_position_embeddings if not init.path else 1 << 30
   train = TrainSettings(
