@@ -16,6 +16,10 @@ def get_config() -> ml_collections.ConfigDict:
   # prediction, A and B from one document, swapped half the time). Changes the
   # prepared examples and the loss.
   c.objective = "mlm+nsp"  # pre-training tasks: mlm+nsp | mlm | mlm+sop
+  # Continue a published BERT: a HuggingFace directory, a google-research TF
+  # checkpoint directory, a bert_jax.convert checkpoint or a bert-jax workdir
+  # (or PATH/checkpoints/<step>). Its model shape, vocabulary and lowercasing win.
+  c.init_from = ""  # '' = start from scratch; else the model to continue from
 
   # --- data: text -> WordPiece -> sentence-pair examples (stored once via TFDS) ---
   c.data = ml_collections.ConfigDict()
@@ -33,6 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.eval_fraction = 0.05  # of documents held out for evaluation
   c.data.max_eval_examples = 2048  # cap on the examples of the eval split
   c.data.max_documents = 0  # 0 = all (useful to cap TFDS corpora)
+  c.data.extend_vocab = 0  # with init_from: add up to N whole words of the corpus as new WordPieces
   c.data.cache_dir = ""  # '' = <workdir>/prepared; prepared data is reused from here
 
   # --- masking (done on device inside the jitted step) ---

@@ -17,7 +17,7 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import corpus, precision, pretraining_data
+from bert_jax import corpus, default_config, precision, pretraining_data
 from bert_jax.errors import ConfigError
 from bert_jax.model import BertConfig
 
@@ -183,6 +183,49 @@ class RunSettings:
       raise _fail("eval_batches", self.eval_batches, "an integer >= 0 (0 = the whole eval split)")
 
 
+# The model's shape and numerics, which a run with --config.init_from takes from its source.
+SOURCE_MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "intermediate_size",
+                       "max_position_embeddings", "type_vocab_size", "gelu_approximate",
+                       "layer_norm_eps")
+
+
+@dataclasses.dataclass(frozen=True)
+class InitSettings:
+  """`config.init_from` and `config.data.extend_vocab` (bert_jax.init_from reads the source).
+
+  `overrides`: the source-owned fields (`model.<SOURCE_MODEL_FIELDS>`, `data.lowercase`)
+  whose config value differs from the shipped default (default_config.py), i.e. that a
+  config file or a --config flag set; each must then equal the source's value.
+  """
+  path: str = ""
+  extend_vocab: int = 0
+  overrides: tuple = ()  # ((field, value), ...)
+
+
+def _init_settings(c: ml_collections.ConfigDict, data: dict) -> InitSettings:
+  path = c.get("init_from", "")
+  extend = data.pop("extend_vocab", 0)
+  if not isinstance(path, str):
+    raise _fail("init_from", path, "a path (a HuggingFace or TF BERT directory, a bert_jax."
+                "convert checkpoint or a bert-jax workdir), or '' to start from scratch")
+  if not _is_int(extend) or extend < 0:
+    raise _fail("data.extend_vocab", extend, "an integer >= 0 (0 = off)")
+  if extend and not path:
+    raise _fail("data.extend_vocab", extend, "0 without --config.init_from (a trained "
+                "vocabulary has no source vocabulary to extend)")
+  if path and data.get("vocab_file"):
+    raise ConfigError(f"--config.data.vocab_file={data['vocab_file']!r} with --config.init_from="
+                      f"{path!r}: expected only one of them (the source's vocab.txt is the "
+                      "vocabulary of a continued run)")
+  shipped = default_config.get_config()
+  overrides = [(f"model.{k}", c.model[k]) for k in SOURCE_MODEL_FIELDS
+               if k in c.model and c.model[k] != shipped.model[k]]
+  if data.get("lowercase", True) != shipped.data.lowercase:
+    overrides.append(("data.lowercase", data["lowercase"]))
+  return InitSettings(os.path.expanduser(path) if path else "", extend,
+                      tuple(overrides) if path else ())
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
   data: DataSettings
@@ -194,6 +237,7 @@ class Settings:
   run: RunSettings
   config_json: str  # the whole config, stored in checkpoints for people
   requested_dtype: str = ""  # config.model.dtype as given ('auto' before resolving)
+  init: InitSettings = InitSettings()  # --config.init_from ('' = from scratch)
 
   @property
   def objective(self) -> str:
@@ -254,19 +298,24 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
     raise _fail("model.dtype", requested_dtype, "'auto', 'float32', 'bfloat16' or 'float16'")
   fields["dtype"] = precision.resolve_dtype(requested_dtype)
   model = BertConfig(vocab_size=1, **fields)
-  model.validate()
-  if model.type_vocab_size < 2:  # one row would embed segments A and B alike
+  data = c.data.to_dict()
+  init = _init_settings(c, data)
+  if not init.path:  # else the shape is the source's: bert_jax.init_from checks the config
+    model.validate()
+  if model.type_vocab_size < 2 and not init.path:  # one row would embed A and B alike
     raise _fail("model.type_vocab_size", model.type_vocab_size,
                 ">= 2 (segment A and segment B of a sentence pair)")
+  # A continued run's position table is its source's: bert_jax.init_from checks seq_lens.
+  max_positions = model.max_position_embeddings if not init.path else 1 << 30
   train = TrainSettings(
       batch_size=t.batch_size, grad_accum_steps=t.grad_accum_steps,
       max_consecutive_nonfinite=t.max_consecutive_nonfinite,
       phases=phases(t.phase_fractions, t.seq_lens, t.max_predictions, t.num_steps,
-                    model.max_position_embeddings))
+                    max_positions))
   run = RunSettings(**_fields(RunSettings, c))
   return Settings(
-      data=DataSettings(**c.data.to_dict(), objective=c.get("objective", "mlm+nsp")),
+      data=DataSettings(**data, objective=c.get("objective", "mlm+nsp")),
       masking=MaskingSettings(**c.masking.to_dict()),
       model=model, optimizer=optimizer, train=train, mesh=MeshSettings(**c.mesh.to_dict()),
-      run=run, config_json=c.to_json(), requested_dtype=requested_dtype)
+      run=run, config_json=c.to_json(), requested_dtype=requested_dtype, init=init)
 

@@ -6,6 +6,7 @@ chapter lives in its own module: `settings`, `data_setup`, `steps`,
 `resume`, `loop`, `preemption`.
 """
 
+import contextlib
 import json
 import os
 
@@ -13,7 +14,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import (checkpointing, compile_cache, console, data_setup, precision,
+from bert_jax import (checkpointing, compile_cache, console, data_setup, init_from, precision,
                       settings as settings_lib, sharding, workdir_lock)
 from bert_jax.errors import ConfigError
 from bert_jax.loop import TrainLoop, describe_eval
@@ -98,18 +99,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   Returns the final evaluation metrics.
   """
   s = settings_lib.from_config(config)  # fail before anything is written
+  # --config.init_from: the source's shape, vocabulary and lowercasing (checked, nothing written).
+  source = init_from.resolve(s) if s.init.path else None
+  if source is not None:
+    s = init_from.run_settings(s, source)
   _check_workdir(workdir)
   _enable_compile_cache(s.run.compile_cache_dir)
   mesh = sharding.make_mesh(s.mesh.model_parallel)
   sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
   # One run per workdir: a second one stops here, before writing anything.
   with workdir_lock.hold(workdir, jax.process_index()):
-    return _run(s, workdir, mesh)
+    return _run(s, workdir, mesh, source)
 
 
-def _run(s: Settings, workdir: str, mesh) -> dict:
+def _run(s: Settings, workdir: str, mesh, source=None) -> dict:
   _check_same_data(s, workdir)  # before preparing anything: a refused run writes nothing
-  prepared = data_setup.prepare_data(s.data, s.train.seq_lens, s.run.seed, workdir)
+  ext = None
+  if source is not None:
+    console.log(f"init_from: {source.describe()}")
+  with (init_from.data_settings(s, source) if source is not None
+        else contextlib.nullcontext((s.data, None))) as (data, ext):
+    prepared = data_setup.prepare_data(data, s.train.seq_lens, s.run.seed, workdir)
   tok = prepared.tokenizer
   steps = make_steps(s, tok.vocab_size, tok.special_ids(), tok.mask_id,
                      tok.is_continuation() if s.masking.whole_word else None, mesh)
@@ -123,11 +133,15 @@ def _run(s: Settings, workdir: str, mesh) -> dict:
   loop = None
   try:
     state = ckpts.restore_latest()
+    fresh_source = state is None and source is not None
     if state is None:
-      state = RunState(0, 0, *steps.init_state())
+      state = RunState(0, 0, *(init_from.initial_state(source, steps, ext, s.run.seed)
+                               if source is not None else steps.init_state()))
     else:
       console.log(f"resumed from {ckpts.ckpt_dir} at step {state.step} "
-                  f"(data position {state.position})")
+                  f"(data position {state.position})" + (
+                      f"; --config.init_from={source.path} was not used again (the workdir's "
+                      "checkpoints win)" if source is not None else ""))
     if (done := _stored_final_eval(s, state.step, reporter)) is not None:
       console.log(f"run already complete at step {state.step}: "
                   f"{describe_eval(done) if done else 'see process 0'} "
@@ -135,10 +149,13 @@ def _run(s: Settings, workdir: str, mesh) -> dict:
                   "train on); nothing written")
       ckpts.close()
       return done
-    reporter.truncate(state.step)  # records of steps this run will redo
+    reporter.truncate(-1 if fresh_source else state.step)  # records of steps this run will redo
     if (note := reporter.skipped_warning()) is not None:
       console.warn(note)
     loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state)
+    if fresh_source:  # where the continuation starts: eval and checkpoint of step 0
+      init_from.log_start(loop, reporter)
+      ckpts.save(state, s.train.phases[0], 0)
     loop.train()
     loop.stop_if_requested(sync=True)  # a signal during the last steps
     ev = loop.final_eval()

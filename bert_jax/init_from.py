@@ -1,0 +1,212 @@
+"""Continue pre-training a published BERT: `--config.init_from=PATH`.
+
+PATH is one of
+  - a HuggingFace BERT directory (config.json, model.safetensors / its sharded
+    index / pytorch_model.bin, vocab.txt),
+  - a google-research/bert TensorFlow checkpoint directory (bert_config.json,
+    vocab.txt, bert_model.ckpt.*; needs TensorFlow),
+  - a checkpoint written by `python -m bert_jax.convert from-hf/from-tf`,
+  - a bert-jax workdir, its checkpoints/ folder or one step folder
+    (PATH/checkpoints/<step>); the newest step unless one is named.
+
+`resolve` reads the source's config and vocabulary (weights only for bert-jax
+sources, whose config lives beside them) and checks the run's config against
+it before anything is written: the model's shape and numerics, the vocabulary
+and the lowercasing come from the source; a config field that a config file or
+flag set to another value (settings.InitSettings.overrides) is one error line.
+`initial_state` builds the run's step-0 state: the source's parameters (the
+pooler and heads initialised when absent, as `convert` does), extended by
+`vocab_extension` if asked, and a fresh optimizer state.
+
+The readers are bert_jax.convert's and the tensor mapping bert_jax.hf_weights':
+every source becomes a HuggingFace state dict, then our parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import importlib.util
+import os
+import tempfile
+from typing import Any, Iterator, Optional
+
+import jax
+
+from bert_jax import checkpointing, console, convert, corpus, dataset, vocab_extension
+from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.hf_weights import (ENCODER, GROUP_NAMES, bert_config_from_hf, hf_state_to_params,
+                                 params_to_hf_state)
+from bert_jax.model import BertConfig
+from bert_jax.settings import SOURCE_MODEL_FIELDS, DataSettings, Settings
+from bert_jax.tokenizer import Tokenizer
+
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+@dataclasses.dataclass
+class Source:
+  """A resolved source: what it is, its model config (float32) and tokenizer."""
+  path: str
+  kind: str  # 'huggingface' | 'tensorflow' | 'bert-jax'
+  config: BertConfig
+  tokenizer: Tokenizer
+  lowercase_from: str
+  heads: Optional[dict] = None  # bert-jax sources: what their meta says about the heads
+  step: Optional[int] = None
+  _params: Any = None  # bert-jax sources: read with their meta
+
+  def describe(self) -> str:
+    c = self.config
+    step = f" step {self.step}" if self.step is not None else ""
+    return (f"{self.kind} model {self.path}{step}: {c.num_layers} layers, hidden "
+            f"{c.hidden_size}, {c.num_heads} heads, intermediate {c.intermediate_size}, "
+            f"{c.max_position_embeddings} positions, vocab {self.tokenizer.vocab_size}, "
+            f"lowercase {self.tokenizer.lowercase} ({self.lowercase_from})")
+
+  def hf_state(self) -> dict:
+    """The source's weights as a HuggingFace state dict (numpy)."""
+    if self.kind == "huggingface":
+      return convert.load_hf_weights(self.path)[0]
+    if self.kind == "tensorflow":
+      return convert.tf_to_hf(convert._load_tf_checkpoint(  # pylint: disable=protected-access
+          convert._tf_checkpoint_prefix(self.path)))  # pylint: disable=protected-access
+    return params_to_hf_state(jax.device_get(self._params), self.config)
+
+
+def _flag(path: str) -> str:
+  return f"--config.init_from={path!r}"
+
+
+def _kind(path: str) -> str:
+  if not os.path.exists(path):
+    raise ConfigError(f"{_flag(path)}: no such file or directory; expected a HuggingFace or "
+                      "TensorFlow BERT directory, a bert_jax.convert checkpoint or a bert-jax "
+                      "workdir")
+  if os.path.isdir(path):
+    has = lambda name: os.path.exists(os.path.join(path, name))
+    if has("config.json") and any(has(w) for w in HF_WEIGHTS):
+      return "huggingface"
+    if has("bert_config.json") or glob.glob(os.path.join(path, "*.index")):
+      return "tensorflow"
+    if (has("checkpoints") or has("params") or
+        any(n.isdigit() for n in os.listdir(path))):
+      return "bert-jax"
+  raise ConfigError(
+      f"{_flag(path)}: not a recognised BERT source; expected a HuggingFace directory "
+      f"(config.json and {' or '.join(HF_WEIGHTS)}), a google-research/bert checkpoint directory "
+      "(bert_config.json, bert_model.ckpt.*), a bert_jax.convert checkpoint or a bert-jax workdir "
+      "(or its checkpoints/<step>)")
+
+
+def _read_hf_like(path: str, kind: str) -> Source:
+  """config, vocabulary and lowercasing of a HF or TF directory, with convert's readers."""
+  names = ("config.json",) if kind == "huggingface" else ("bert_config.json", "config.json")
+  config_path = next((os.path.join(path, n) for n in names
+                      if os.path.isfile(os.path.join(path, n))), os.path.join(path, names[0]))
+  hf_config = convert._read_json(config_path, "model config")  # pylint: disable=protected-access
+  config = bert_config_from_hf(hf_config, config_path)
+  lower, lower_from = convert._lowercase(path, hf_config, None)  # pylint: disable=protected-access
+  tokenizer = convert._vocab(path, config, lower, config_path)  # pylint: disable=protected-access
+  return Source(path, kind, config, tokenizer, lower_from)
+
+
+def _read_bert_jax(path: str) -> Source:
+  params, meta = checkpointing.restore_params(path)
+  for field in ("model_config", "vocab", "lowercase"):
+    if field not in meta:
+      raise ConfigError(f"checkpoint meta has no {field!r}; expected a checkpoint written by "
+                        "train.py or bert_jax.convert")
+  config = dataclasses.replace(BertConfig.from_dict(meta["model_config"]), dtype="float32")
+  tokenizer = Tokenizer(meta["vocab"], bool(meta["lowercase"]), source="checkpoint meta vocab")
+  return Source(path, "bert-jax", config.validate(), tokenizer,
+                meta.get("lowercase_from", "the checkpoint's meta"), meta.get("heads"),
+                meta.get("step"), params)
+
+
+def resolve(s: Settings) -> Source:
+  """The source of `s.init.path`, checked against the run's config; one error line if not."""
+  path = os.path.abspath(s.init.path)
+  kind = _kind(path)
+  if kind == "tensorflow" and importlib.util.find_spec("tensorflow") is None:
+    raise ConfigError(f"{_flag(path)} is a google-research/bert TensorFlow checkpoint; reading "
+                      "it needs TensorFlow, which is not installed (pip install tensorflow-cpu)")
+  try:
+    source = _read_bert_jax(path) if kind == "bert-jax" else _read_hf_like(path, kind)
+  except BertJaxError as e:
+    raise ConfigError(f"{_flag(path)}: {e}") from None
+  theirs = {f"model.{k}": getattr(source.config, k) for k in SOURCE_MODEL_FIELDS}
+  theirs["data.lowercase"] = source.tokenizer.lowercase
+  for field, ours in s.init.overrides:
+    if theirs[field] != ours:
+      raise ConfigError(
+          f"--config.{field}={ours!r} contradicts {_flag(path)}, whose model has "
+          f"{field.split('.')[-1]}={theirs[field]!r}; expected {theirs[field]!r} or the default "
+          "(a continued run takes its shape, vocabulary and lowercasing from the source)")
+  longest, positions = max(s.train.seq_lens), source.config.max_position_embeddings
+  if longest > positions:
+    raise ConfigError(f"--config.train.seq_lens={tuple(s.train.seq_lens)}: {longest} is above "
+                      f"the {positions} positions of {_flag(path)}; expected at most {positions}")
+  return source
+
+
+def run_settings(s: Settings, source: Source) -> Settings:
+  """`s` with the source's model shape and numerics; the rest stays the config's."""
+  fields = {k: getattr(source.config, k) for k in SOURCE_MODEL_FIELDS}
+  return dataclasses.replace(s, model=dataclasses.replace(s.model, **fields),
+                             data=dataclasses.replace(s.data, lowercase=source.tokenizer.lowercase))
+
+
+@contextlib.contextmanager
+def data_settings(s: Settings, source: Source) -> Iterator[tuple[DataSettings, Any]]:
+  """(data settings that make examples with the source's vocabulary, the extension or None).
+
+  The (extended) vocab.txt lives in a temporary folder while the data is prepared;
+  the prepared data keeps its own copy and its cache key hashes the file.
+  """
+  tok, ext = source.tokenizer, None
+  if s.init.extend_vocab:
+    docs = dataset._documents(s.data, s.run.seed, corpus.CorpusStats())  # pylint: disable=protected-access
+    texts = dataset._vocab_sample(docs, s.data.vocab_sample_bytes)  # pylint: disable=protected-access
+    ext = vocab_extension.learn(tok, texts, s.init.extend_vocab)
+    console.log(f"init_from: vocabulary: {ext.describe(tok.vocab_size)}")
+    tok = vocab_extension.extended_tokenizer(tok, ext)
+  with tempfile.TemporaryDirectory(prefix="bert_jax_init_from_") as tmp:
+    vocab_file = tok.save(tmp)
+    yield dataclasses.replace(s.data, vocab_file=vocab_file, lowercase=tok.lowercase), ext
+
+
+def initial_params(source: Source, config: BertConfig, ext, seed: int) -> tuple[dict, dict]:
+  """(our params as numpy for `config`, group -> 'imported' | 'initialised')."""
+  state = source.hf_state()
+  if ext is not None:
+    state = vocab_extension.extend_hf_state(state, ext)
+  params, report = hf_state_to_params(state, config, source=source.path, heads=True, seed=seed)
+  groups = dict(report.groups)
+  if source.heads:  # a bert_jax.convert checkpoint: what its own import did
+    groups = {g: ("initialised at its import" if source.heads.get(g) == "initialised" else v)
+              for g, v in groups.items()}
+  return params, groups
+
+
+def initial_state(source: Source, steps, ext, seed: int) -> tuple[Any, Any]:
+  """(params, fresh optimizer state) of a run's step 0, in the run's shardings."""
+  params_np, groups = initial_params(source, steps.bert_config, ext, seed)
+  console.log("init_from: " + "; ".join(
+      f"{'encoder' if g == ENCODER else GROUP_NAMES[g]} {v}"
+      + (" (not in the source)" if v == "initialised" else "") for g, v in groups.items())
+      + "; optimizer state fresh, schedule from step 0")
+  put = lambda x, sh: jax.make_array_from_callback(x.shape, sh, lambda idx: x[idx])
+  params = jax.tree.map(put, params_np, steps.param_shardings)
+  opt_state = jax.jit(steps.tx.init, out_shardings=steps.opt_shardings)(params)
+  return params, opt_state
+
+
+def log_start(loop, reporter) -> None:
+  """Evaluates the starting model on the eval split and logs it as step 0."""
+  from bert_jax.loop import describe_eval, with_stderr  # pylint: disable=import-outside-toplevel
+  ev = with_stderr(loop.evaluate(loop.s.train.phases[0]))
+  reporter.write("eval", 0, ev)
+  console.log(f"eval @ 0 (the model of --config.init_from, before training): "
+              f"{describe_eval(ev)}")
