@@ -283,6 +283,13 @@ def _fields(cls, node: ml_collections.ConfigDict, exclude: tuple = ()) -> dict:
   return {k: v for k, v in node.items() if k in names}
 
 
+def data_settings(config: ml_collections.ConfigDict) -> DataSettings:
+  """The checked data settings of `config` alone: what `dataset.prepare` takes."""
+  data = config.data.to_dict()
+  data.pop("extend_vocab", None)  # read by InitSettings: it changes the vocabulary file
+  return DataSettings(**data, objective=config.get("objective", "mlm+nsp"))
+
+
 def from_config(config: ml_collections.ConfigDict) -> Settings:
   """Checks `config` and returns its typed settings; raises ConfigError naming the field."""
   c = config
@@ -314,7 +321,7 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
                     max_positions))
   run = RunSettings(**_fields(RunSettings, c))
   return Settings(
-      data=DataSettings(**data, objective=c.get("objective", "mlm+nsp")),
+      data=data_settings(c),
       masking=MaskingSettings(**c.masking.to_dict()),
       model=model, optimizer=optimizer, train=train, mesh=MeshSettings(**c.mesh.to_dict()),
       run=run, config_json=c.to_json(), requested_dtype=requested_dtype, init=init)

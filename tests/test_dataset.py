@@ -8,9 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import corpus, dataset, pretraining_data
+from bert_jax import corpus, dataset, pretraining_data, settings
 from bert_jax.errors import ConfigError, CorpusError
-from bert_jax.settings import DataSettings
 from bert_jax.input_pipeline import TrainIterator
 from bert_jax.tokenizer import Tokenizer
 from configs import default
@@ -33,15 +32,16 @@ def write_plain_corpus(path, num_docs=12, seed=0):
 
 
 def data_config(corpus_path, **overrides):
-  c = default.get_config().data
+  config = default.get_config()
+  c = config.data
   c.corpus = corpus_path
   c.vocab_size = 120
   c.dupe_factor = 2
   c.eval_fraction = 0.2
   c.max_eval_examples = 100
   for key, value in overrides.items():
-    setattr(c, key, value)
-  return DataSettings(**c.to_dict())
+    setattr(config if key == "objective" else c, key, value)
+  return settings.data_settings(config)
 
 
 @pytest.fixture

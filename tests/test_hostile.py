@@ -93,7 +93,7 @@ def world(tmp_path_factory) -> World:
   vocab = _text(root / "vocab.txt", "".join(t + "\n" for t in VOCAB))
   w = World(vocab=vocab, cache=str(root / "cache"), run=str(root / "run"), hf=str(root / "hf"))
   c = _config(w.base())
-  dataset.prepare(settings.DataSettings(**c.data.to_dict()), [SEQ_LEN], w.cache, c.seed)
+  dataset.prepare(settings.data_settings(c), [SEQ_LEN], w.cache, c.seed)
   # A checkpoint as a training run writes it, from the same config (random values
   # drawn on the host: compiling an init costs more than this whole table).
   bert_config = settings.from_config(c).model_config(len(VOCAB))
@@ -165,7 +165,7 @@ def _run(call: Call, w: World) -> Result:
         rc = 0
       elif call.tool == "prepare":
         c = _config({**w.base(), **call.args})
-        value = dataset.prepare(settings.DataSettings(**c.data.to_dict()), [SEQ_LEN],
+        value = dataset.prepare(settings.data_settings(c), [SEQ_LEN],
                                 c.data.cache_dir, c.seed)
         rc = 0
       elif call.tool == "convert":
@@ -630,5 +630,5 @@ def _other_vocabulary(w: World, d) -> dict[str, Any]:
   overrides = {"data.vocab_file": _text(d / "other_vocab.txt", "".join(t + "\n" for t in other)),
                "data.cache_dir": str(d / "cache")}
   c = _config({**w.base(), **overrides})
-  dataset.prepare(settings.DataSettings(**c.data.to_dict()), [SEQ_LEN], c.data.cache_dir, c.seed)
+  dataset.prepare(settings.data_settings(c), [SEQ_LEN], c.data.cache_dir, c.seed)
   return overrides

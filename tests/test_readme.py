@@ -122,7 +122,12 @@ def _skip_reason(command: str):
 
 
 def _shrunk(command: str) -> str:
-  return f"{command} {shlex.join(SHRINK)}" if re.search(r"\btrain\.py\b", command) else command
+  if not re.search(r"\btrain\.py\b", command):
+    return command
+  shrink = SHRINK
+  if "--config.init_from=" in command:  # the source decides the model's shape
+    shrink = tuple(f for f in SHRINK if not f.startswith("--config.model."))
+  return f"{command} {shlex.join(shrink)}"
 
 
 def _env(clone: str) -> dict:
