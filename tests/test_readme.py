@@ -127,7 +127,15 @@ def _shrunk(command: str) -> str:
   shrink = SHRINK
   if "--config.init_from=" in command:  # the source decides the model's shape
     shrink = tuple(f for f in SHRINK if not f.startswith("--config.model."))
-  return f"{command} {shlex.join(shrink)}"
+  appended = []
+  for flag in shrink:
+    name = flag.split("=", 1)[0]
+    # A flag the command sets already is replaced in place: a tuple flag given twice
+    # is not overridden by its second value.
+    command, n = re.subn(rf"(?<!\S){re.escape(name)}=\S+", lambda _: shlex.quote(flag), command)
+    if not n:
+      appended.append(flag)
+  return f"{command} {shlex.join(appended)}"
 
 
 def _env(clone: str) -> dict:
