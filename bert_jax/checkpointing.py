@@ -127,11 +127,7 @@ def restore_params(path: str, step: Optional[int] = None,
       try:
         return _restore_params_step(mngr, root, step, sharding)
       except Exception as e:  # pylint: disable=broad-except
-        kind, why = classify(e)
-        if kind == "other":
-          raise
-        if kind == "environment":
-          raise CheckpointError(environment_message(f"{root}/{step}", why)) from None
+        why = _damage(e, f"{root}/{step}")
         raise CheckpointError(
             f"checkpoint {root}/{step} is incomplete or unreadable ({why}); expected a "
             f"complete checkpoint: pass another step (have {sorted(steps)}) or none for the "
@@ -145,11 +141,7 @@ def restore_params(path: str, step: Optional[int] = None,
       try:
         out = _restore_params_step(mngr, root, s, sharding)
       except Exception as e:  # pylint: disable=broad-except
-        kind, why = classify(e)
-        if kind == "other":
-          raise
-        if kind == "environment":
-          raise CheckpointError(environment_message(f"{root}/{s}", why)) from None
+        why = _damage(e, f"{root}/{s}")
         if not os.path.isdir(os.path.join(root, str(s))) and rotations < _MAX_ROTATIONS:
           # Deleted meanwhile by a run's max_to_keep (a newer step replaced it), not
           # damaged: list the steps again.
@@ -168,6 +160,17 @@ def restore_params(path: str, step: Optional[int] = None,
                           f"{'; '.join(skipped)}; expected at least one complete checkpoint")
   finally:
     mngr.close()
+
+
+def _damage(e: Exception, where: str) -> str:
+  """Why the checkpoint at `where` is damaged; an error of the environment becomes one
+  CheckpointError line, and anything else (a bug) is raised as it is."""
+  kind, why = classify(e)
+  if kind == "environment":
+    raise CheckpointError(environment_message(where, why)) from None
+  if kind == "other":
+    raise e
+  return why
 
 
 _MAX_ROTATIONS = 5  # steps a reader lets a writing run rotate away before giving up
