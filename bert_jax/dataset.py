@@ -8,7 +8,8 @@ One pass over the corpus, in bounded memory whatever its size:
     -> WordPiece, a chunk of ~8k sentences per `encode_batch_flat` call
     -> per split, windows of up to WINDOW_DOCUMENTS documents / WINDOW_TOKENS
        tokens; NSP pairs per window (NotNext text from another document of
-       the same window), `dupe_factor` passes per window
+       the same window), `dupe_factor` passes per window (`eval_dupe_factor`
+       for the eval split)
     -> records appended to array_record files as they are made.
 
 A WordPiece vocabulary, when trained, is learned first from the first
@@ -222,6 +223,8 @@ def _settings(c: DataSettings, seed: int) -> dict:
       "vocab": vocab,
       "short_seq_prob": float(c.short_seq_prob),
       "dupe_factor": int(c.dupe_factor),
+      # Absent when equal to dupe_factor (as before it existed), so older data stays valid.
+      **({"eval_dupe_factor": c.eval_passes} if c.eval_passes != c.dupe_factor else {}),
       "eval_fraction": float(c.eval_fraction),
       "max_eval_examples": int(c.max_eval_examples),
       "seed": int(seed),
@@ -418,8 +421,9 @@ def _write_examples(c: DataSettings, tokenizer: Tokenizer,
       if limit is not None and writer.count >= limit:
         continue
       rng = random.Random(rng_seed)
-      spans = (pretraining_data.pair_spans(window, l, c.dupe_factor, rng) if pair_nsp else
-               pretraining_data.document_spans(window, l, c.short_seq_prob, c.dupe_factor, rng,
+      passes = c.eval_passes if split == "eval" else c.dupe_factor
+      spans = (pretraining_data.pair_spans(window, l, passes, rng) if pair_nsp else
+               pretraining_data.document_spans(window, l, c.short_seq_prob, passes, rng,
                                                c.objective))
       while block := list(itertools.islice(spans, _SPANS_PER_BLOCK)):
         if limit is not None:

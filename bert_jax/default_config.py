@@ -34,6 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.lowercase = True  # lowercase the text (an uncased model)
   c.data.short_seq_prob = 0.1  # chance that an example gets a shorter target length (as BERT)
   c.data.dupe_factor = 5  # passes over the corpus, each with fresh pairs
+  # More passes over a small eval split make an accuracy's noise smaller (fresh NSP pairs
+  # and split points each pass; the masks differ per example too).
+  c.data.eval_dupe_factor = 0  # passes over the eval documents; 0 = data.dupe_factor
   c.data.eval_fraction = 0.05  # of documents held out for evaluation
   c.data.max_eval_examples = 2048  # cap on the examples of the eval split
   c.data.max_documents = 0  # 0 = all (useful to cap TFDS corpora)

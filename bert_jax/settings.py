@@ -49,11 +49,17 @@ class DataSettings:
   lowercase: bool = True
   short_seq_prob: float = 0.1
   dupe_factor: int = 5
+  eval_dupe_factor: int = 0  # 0 = dupe_factor
   eval_fraction: float = 0.05
   max_eval_examples: int = 2048
   max_documents: int = 0
   cache_dir: str = ""
   objective: str = "mlm+nsp"  # `config.objective`: which examples are made
+
+  @property
+  def eval_passes(self) -> int:
+    """Passes over the eval documents, each with fresh pairs and split points."""
+    return self.eval_dupe_factor or self.dupe_factor
 
   def __post_init__(self):
     if self.objective not in pretraining_data.OBJECTIVES:
@@ -65,6 +71,8 @@ class DataSettings:
       raise _fail("data.max_eval_examples", self.max_eval_examples, ">= 0 (0 = no cap)")
     if self.dupe_factor < 1:
       raise _fail("data.dupe_factor", self.dupe_factor, ">= 1")
+    if not _is_int(self.eval_dupe_factor) or self.eval_dupe_factor < 0:
+      raise _fail("data.eval_dupe_factor", self.eval_dupe_factor, ">= 0 (0 = data.dupe_factor)")
     if not 0.0 <= self.short_seq_prob <= 1.0:
       raise _fail("data.short_seq_prob", self.short_seq_prob, "a probability in [0, 1]")
     if self.max_documents < 0:

@@ -137,13 +137,14 @@ def markdown(m: dict) -> str:
       END])
 
 
-def rewrite_readme(block: str, path: str = README) -> None:
+def rewrite_readme(block: str, path: str = README, start: str = START, end: str = END) -> None:
+  """Replaces the README's text from `start` to `end` (markers included) with `block`."""
   with open(path, encoding="utf-8") as f:
     text = f.read()
-  if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
-    raise SystemExit(f"error: {path} needs exactly one {START} ... {END} pair")
-  head, rest = text.split(START)
-  _, tail = rest.split(END)
+  if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+    raise SystemExit(f"error: {path} needs exactly one {start} ... {end} pair")
+  head, rest = text.split(start)
+  _, tail = rest.split(end)
   with open(path + ".tmp", "w", encoding="utf-8") as f:
     f.write(head + block + tail)
   os.replace(path + ".tmp", path)
