@@ -229,6 +229,30 @@ def test_max_eval_examples_caps_the_eval_split(plain, cache):
   assert len(prepared.eval[16]) == 7
 
 
+def test_eval_dupe_factor_multiplies_the_eval_passes(plain, cache):
+  one = dataset.prepare(data_config(plain, eval_dupe_factor=1, max_eval_examples=0), [16],
+                        cache, seed=0)
+  four = dataset.prepare(data_config(plain, eval_dupe_factor=4, max_eval_examples=0), [16],
+                         cache, seed=0)
+  assert 3 * len(one.eval[16]) < len(four.eval[16]) <= 5 * len(one.eval[16])
+
+
+def test_eval_dupe_factor_leaves_the_train_split_unchanged(plain, cache, tmp_path):
+  vocab = write_vocab(tmp_path)  # a trained vocabulary could differ between the two
+  base = dataset.prepare(data_config(plain, vocab_file=vocab), [16], cache, seed=0)
+  more = dataset.prepare(data_config(plain, vocab_file=vocab, eval_dupe_factor=5), [16],
+                         cache, seed=0)
+  assert [e["input_ids"].tolist() for e in all_examples(more.train[16])] == [
+      e["input_ids"].tolist() for e in all_examples(base.train[16])]
+
+
+def test_eval_dupe_factor_equal_to_dupe_factor_keeps_the_prepared_data(plain, cache):
+  # 0 means dupe_factor: data prepared before the setting existed is reused.
+  zero = dataset.prepare(data_config(plain, eval_dupe_factor=0), [16], cache, seed=0)
+  same = dataset.prepare(data_config(plain, eval_dupe_factor=2), [16], cache, seed=0)
+  assert same.directory == zero.directory
+
+
 def test_a_vocab_file_is_used_as_is(plain, cache, tmp_path, monkeypatch):
   vocab = (["[PAD]"] + [f"[unused{i}]" for i in range(9)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
            + sorted(set(WORDS)) + ["."])
@@ -307,6 +331,7 @@ def test_unknown_tfds_corpus_raises_naming_it(cache):
 
 
 @pytest.mark.parametrize("field,value", [("eval_fraction", 0.0), ("dupe_factor", 0),
+                                         ("eval_dupe_factor", -1),
                                          ("short_seq_prob", 1.5), ("format", "csv")])
 def test_bad_data_settings_are_config_errors_naming_the_field(plain, cache, field, value):
   with pytest.raises(ConfigError, match=f"data.{field}"):

@@ -54,3 +54,24 @@ def test_the_readme_has_one_measured_block():
     text = f.read()
   assert text.count(mq.START) == 1 and text.count(mq.END) == 1
   assert text.index(mq.START) < text.index("**Measured**") < text.index(mq.END)
+
+
+def test_the_reruns_block_gives_each_run_and_the_largest_difference():
+  from tools import measure_reruns as mr
+  evals = [{"mlm_accuracy": a, "mlm_accuracy_stderr": 0.002, "nsp_accuracy": b,
+            "nsp_accuracy_stderr": 0.007, "nsp_count": 4264.0}
+           for a, b in [(0.160, 0.671), (0.152, 0.680), (0.157, 0.676)]]
+  block = mr.markdown(evals, mq.DEFAULT_STEPS,
+                      datetime.datetime(2026, 11, 23, 10, 0, tzinfo=datetime.timezone.utc))
+  assert block.startswith(mr.START) and block.endswith(mr.END)
+  assert "| 2 | 0.152 ± 0.002 | 0.680 ± 0.007 |" in block
+  assert "| largest difference | 0.008 | 0.009 |" in block
+  assert "eval split of 4264 examples" in block and "A quick check" not in block
+
+
+def test_the_readme_has_one_reruns_block():
+  from tools import measure_reruns as mr
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = f.read()
+  assert text.count(mr.START) == 1 and text.count(mr.END) == 1
+  assert text.index(mr.START) < text.index("**Reruns**") < text.index(mr.END)
