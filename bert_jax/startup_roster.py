@@ -27,6 +27,7 @@ import errno
 import fcntl
 import json
 import os
+import select
 import socket
 import tempfile
 import threading
@@ -156,7 +157,7 @@ class Roster:
       refusal = self._admit(hello, conn)
       conn.sendall((json.dumps({"ok": refusal is None, "error": refusal}) + "\n").encode())
       if refusal is None:
-        conn.settimeout(None)  # blocking again: _alive peeks with MSG_DONTWAIT
+        conn.settimeout(None)  # the holder's connection now only waits to be closed
         return
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
       pass  # not a bert-jax process, or it went away mid-hello: it holds nothing
@@ -188,11 +189,13 @@ class Roster:
 
 
 def _alive(conn: socket.socket) -> bool:
-  """A holder sends nothing after its hello: b'' (or a reset) means it is gone."""
+  """A holder sends nothing after its hello: readable with b'' (or a reset) means it is gone."""
+  # poll, not a timed recv: a holder still in its own handshake has a timeout
+  # set, and a recv would wait out that timeout under the mutex.
   try:
-    return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-  except BlockingIOError:
-    return True
+    poller = select.poll()
+    poller.register(conn, select.POLLIN)
+    return not poller.poll(0) or conn.recv(1, socket.MSG_PEEK) != b""
   except OSError:
     return False
 
