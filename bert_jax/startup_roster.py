@@ -92,8 +92,11 @@ def lock_coordinator_port(port: int, address: str) -> Optional[int]:
                       f"another bert-jax process 0 on this host ({describe(holder)}; lock "
                       f"{path}); expected one --process_id=0 per run: wait for that run to "
                       "end or give this one another port") from None
-  os.ftruncate(fd, 0)
-  os.pwrite(fd, (json.dumps(holder_record(port=port)) + "\n").encode(), 0)
+  try:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(holder_record(port=port)) + "\n").encode(), 0)
+  except OSError:
+    pass  # e.g. a full temporary directory: the lock holds, only its error names no holder
   return fd
 
 
