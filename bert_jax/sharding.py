@@ -6,12 +6,9 @@ parameters optionally sharded over the data axis too ('fsdp').
 """
 
 import contextlib
-import errno
 import os
-import socket
 import sys
 import threading
-import time
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -19,6 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from bert_jax import startup_roster
 from bert_jax.errors import ConfigError
 
 DATA, MODEL = "data", "model"
@@ -35,15 +33,17 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
 
   With no arguments the cluster is auto-detected (TPU pods, Slurm, Open MPI).
   Otherwise all three are needed, e.g. ('127.0.0.1:12345', 2, i) for two local
-  processes; process 0 hosts the coordinator at that address.
+  processes; process 0 hosts the coordinator at that address, and bert-jax's
+  start-up roster one port above it (see startup_roster).
 
   What can be checked first is (one ConfigError line each): the id is in
-  range; on process 0, the coordinator port is free; on the others, something
-  listens at the address within `initialization_timeout` seconds. Joining
-  itself is bounded by `initialization_timeout` too: if the run has not
-  assembled by then (a process missing, two given the same id), this process
-  prints one `error:` line and exits 2 (JAX would otherwise abort with a C++
-  stack trace, or wait for minutes).
+  range; on process 0, no other process 0 holds the port on this host and the
+  port is free; on the others, the roster answers within
+  `initialization_timeout` seconds and admits this id (not held by a live
+  process, same number of processes). Joining itself is bounded by
+  `initialization_timeout` too: if the run has not assembled by then (a
+  process missing), this process prints one `error:` line and exits 2 (JAX
+  would otherwise abort with a C++ stack trace, or wait for minutes).
   """
   if initialization_timeout is None or not 0 < initialization_timeout <= 86400:
     raise ConfigError(f"--distributed_timeout={initialization_timeout}: expected seconds in "
@@ -57,11 +57,13 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
     if num_processes < 1 or not 0 <= process_id < num_processes:
       raise ConfigError(f"--process_id={process_id}: expected 0 <= process_id < "
                         f"--num_processes={num_processes}")
-    host, port = _split_address(coordinator_address)
+    host, port = startup_roster.split_address(coordinator_address)
     if process_id == 0:
-      _check_port_free(host, port, coordinator_address)
+      _STARTUP_GUARDS.extend(startup_roster.guard_process_0(host, port, coordinator_address,
+                                                            num_processes))
     else:
-      _wait_for_coordinator(host, port, coordinator_address, process_id, initialization_timeout)
+      _STARTUP_GUARDS.append(startup_roster.join(host, port, coordinator_address, process_id,
+                                                 num_processes, initialization_timeout))
   # CPU processes need a cross-process collective implementation, or every
   # cross-host all-reduce fails; gloo ships with jaxlib (the default in recent
   # jax, set explicitly so an older default of "none" cannot break it). It
@@ -100,53 +102,9 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
 # JAX is given a little longer than our own limit, so ours reports first.
 _JAX_TIMEOUT_MARGIN_S = 30
 
-
-def _split_address(address: str) -> tuple[str, int]:
-  host, sep, port = address.rpartition(":")
-  host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-  if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-    raise ConfigError(f"--coordinator_address={address!r}: expected host:port, e.g. "
-                      "127.0.0.1:12345")
-  return host, int(port)
-
-
-def _check_port_free(host: str, port: int, address: str) -> None:
-  """Process 0's coordinator binds [::]:port (all addresses): is that port free?"""
-  bind_address = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS")
-  targets = [(_split_address(bind_address)[0], port)] if bind_address else []
-  targets += [("::", port), ("0.0.0.0", port), (host, port)]
-  for target in targets:
-    family = socket.AF_INET6 if ":" in target[0] else socket.AF_INET
-    try:
-      with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no obstacle
-        s.bind(target)
-    except OSError as e:
-      if e.errno == errno.EADDRINUSE:
-        raise ConfigError(f"--coordinator_address={address}: port {port} is already in use on "
-                          "this host (another run, or a process given --process_id=0 twice?); "
-                          "expected a free port for process 0's coordinator") from None
-      continue  # e.g. no IPv6 here, or `host` is not this machine's: nothing to learn
-
-
-def _wait_for_coordinator(host: str, port: int, address: str, process_id: int,
-                          timeout: float) -> None:
-  """A process other than 0 waits (bounded) until process 0's coordinator listens."""
-  deadline = time.monotonic() + timeout
-  while True:
-    try:
-      with socket.create_connection((host, port), timeout=min(5.0, timeout)):
-        return
-    except socket.gaierror as e:
-      raise ConfigError(f"--coordinator_address={address}: cannot resolve {host!r} "
-                        f"({e.strerror}); expected process 0's host name or address") from None
-    except OSError:
-      if time.monotonic() >= deadline:
-        raise ConfigError(
-            f"process {process_id}: nothing listens at --coordinator_address={address} after "
-            f"--distributed_timeout={timeout:g} s; expected process 0 of the run started with "
-            "the same --coordinator_address (is any process given --process_id=0?)") from None
-      time.sleep(0.5)
+# Process 0's port lock and roster, or another process's roster connection:
+# kept (never closed) for the life of the process, which is what they guard.
+_STARTUP_GUARDS: list = []
 
 
 def make_mesh(model_parallel: int = 1, devices=None) -> Mesh:

@@ -69,7 +69,9 @@ flags.DEFINE_bool("jax_distributed", False,
                   "auto-detects the cluster unless the three flags below are given.")
 flags.DEFINE_string("coordinator_address", None,
                     "host:port of process 0's coordinator, e.g. 127.0.0.1:12345 (implies "
-                    "--jax_distributed; with --num_processes and --process_id).")
+                    "--jax_distributed; with --num_processes and --process_id). Process 0 "
+                    "also serves bert-jax's start-up roster on port+1, which refuses a "
+                    "second process with a taken --process_id: both ports must be free.")
 flags.DEFINE_integer("num_processes", None, "Number of processes in the run.")
 flags.DEFINE_integer("process_id", None, "This process's index, 0 .. num_processes-1.")
 flags.DEFINE_integer("distributed_timeout", 120,

@@ -70,10 +70,7 @@ def hold(workdir: str, process_index: int = 0) -> Iterator[dict]:
   fd = None
   try:
     fd = _acquire(workdir, path)
-    holder = {"pid": os.getpid(), "host": socket.gethostname(),
-              "started": datetime.datetime.now(datetime.timezone.utc)
-                         .strftime("%Y-%m-%d %H:%M:%S UTC"),
-              "process_index": int(process_index)}
+    holder = holder_record(process_index=int(process_index))
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
     yield holder
@@ -99,7 +96,7 @@ def _acquire(workdir: str, path: str) -> int:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
-      holder = _read_holder(fd)
+      holder = read_holder(fd)
       os.close(fd)
       if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
         raise ConfigError(f"workdir {workdir}: cannot lock {path} ({e.strerror}); expected "
@@ -116,7 +113,15 @@ def _acquire(workdir: str, path: str) -> int:
     os.close(fd)
 
 
-def _read_holder(fd: int) -> dict:
+def holder_record(**extra) -> dict:
+  """This process as a lock holder: pid, host, start time (UTC), and `extra`."""
+  return {"pid": os.getpid(), "host": socket.gethostname(),
+          "started": datetime.datetime.now(datetime.timezone.utc)
+                     .strftime("%Y-%m-%d %H:%M:%S UTC"), **extra}
+
+
+def read_holder(fd: int) -> dict:
+  """The holder record in a lock file ({} if none yet, or unreadable)."""
   try:
     text = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
     holder = json.loads(text) if text else {}

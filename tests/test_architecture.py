@@ -51,6 +51,12 @@ def test_data_side_imports_no_jax():
   assert not _found(loaded, ("jax", "flax", "optax"))
 
 
+def test_startup_guards_import_no_jax():
+  # Plain sockets and files, run before jax.distributed.initialize: no JAX backend there.
+  loaded = _loaded_after_importing("bert_jax.startup_roster", "bert_jax.workdir_lock")
+  assert not _found(loaded, ("jax", "flax", "optax"))
+
+
 def test_features_imports_neither_optimizer_nor_trainer():
   loaded = _loaded_after_importing("bert_jax.features", "bert_jax.features_cli")
   assert not _found(loaded, ("optax", "bert_jax.optim", "bert_jax.steps", "bert_jax.trainer"))

@@ -1,10 +1,12 @@
 """Multi-process start-up faults end within --distributed_timeout in one `error:` line.
 
-Each case is a `python train.py` subprocess (as a user starts them), all cases at
-once to keep the file fast; initialisation fails before any data or model work.
+The command-line cases are `python train.py` subprocesses (as a user starts
+them), all at once to keep the file fast; initialisation fails before any data
+or model work. The roster and the port lock are also tested in-process.
 """
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,7 +14,7 @@ import time
 
 import pytest
 
-from bert_jax import sharding
+from bert_jax import sharding, startup_roster
 from bert_jax.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,9 +24,16 @@ LIMIT_S = 60  # per process: import time on a busy machine + TIMEOUT
 
 
 def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+  """A port P with P+1 free too (the roster's): P+1 of a random port may be taken."""
+  while True:
+    with socket.socket() as s, socket.socket() as t:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+      try:
+        t.bind(("127.0.0.1", port + 1))
+      except OSError:
+        continue
+      return port
 
 
 def _start(tmp_path, name: str, address: str, n: int, i: int) -> subprocess.Popen:
@@ -59,17 +68,6 @@ def _one_error_line(rc: int, err: str, *says: str) -> str:
   return errors[0]
 
 
-def _wait_listening(port: int, limit: float) -> None:
-  deadline = time.monotonic() + limit
-  while time.monotonic() < deadline:
-    try:
-      socket.create_connection(("127.0.0.1", port), timeout=1).close()
-      return
-    except OSError:
-      time.sleep(0.2)
-  pytest.fail(f"no coordinator came up on port {port}")
-
-
 def test_startup_faults_end_in_one_error_line_within_the_timeout(tmp_path):
   busy = socket.socket()
   busy.bind(("127.0.0.1", 0))
@@ -85,12 +83,12 @@ def test_startup_faults_end_in_one_error_line_within_the_timeout(tmp_path):
       # Two processes given --process_id=1 and none 0: both wait, bounded.
       "no-process-0-a": _start(tmp_path, "c", f"127.0.0.1:{nobody_port}", 2, 1),
       "no-process-0-b": _start(tmp_path, "d", f"127.0.0.1:{nobody_port}", 2, 1),
-      # --process_id=0 twice: the first hosts the coordinator and waits for a process 1.
-      "zero-twice-first": _start(tmp_path, "e", f"127.0.0.1:{twice_port}", 2, 0),
+      # --process_id=0 twice, at the same instant: one takes the port's lock and
+      # waits for a process 1, the other stops at once.
+      "zero-twice-a": _start(tmp_path, "e", f"127.0.0.1:{twice_port}", 2, 0),
+      "zero-twice-b": _start(tmp_path, "f", f"127.0.0.1:{twice_port}", 2, 0),
   }
   try:
-    _wait_listening(twice_port, LIMIT_S)
-    procs["zero-twice-second"] = _start(tmp_path, "f", f"127.0.0.1:{twice_port}", 2, 0)
     done = {name: _finish(p) for name, p in procs.items()}
   finally:
     busy.close()
@@ -103,8 +101,11 @@ def test_startup_faults_end_in_one_error_line_within_the_timeout(tmp_path):
   _one_error_line(*done["id-out-of-range"][:2], "--process_id=2", "--num_processes=2")
   for name in ("no-process-0-a", "no-process-0-b"):
     _one_error_line(*done[name][:2], "nothing listens", f"--distributed_timeout={TIMEOUT}")
-  _one_error_line(*done["zero-twice-second"][:2], "already in use")
-  _one_error_line(*done["zero-twice-first"][:2], "did not all join",
+  twice = sorted((done[n][1] for n in ("zero-twice-a", "zero-twice-b")),
+                 key=lambda err: "did not all join" in err)
+  _one_error_line(done["zero-twice-a"][0], twice[0], "already in use by another bert-jax "
+                  "process 0", startup_roster.lock_path(twice_port))
+  _one_error_line(done["zero-twice-b"][0], twice[1], "did not all join",
                   f"--distributed_timeout={TIMEOUT}", "each id once")
   # Bounded: nobody waits much longer than the timeout after importing.
   assert max(t for _, _, t in done.values()) - start < LIMIT_S
@@ -121,7 +122,145 @@ def test_pre_checks_in_process():
     with pytest.raises(ConfigError, match="already in use"):
       sharding.initialize_distributed(f"127.0.0.1:{busy.getsockname()[1]}", 2, 0,
                                       initialization_timeout=5)
+  with pytest.raises(ConfigError, match="leaves no port 65535\+1 for bert-jax's start-up roster"):
+    sharding.initialize_distributed("127.0.0.1:65535", 2, 1, initialization_timeout=5)
   t = time.monotonic()
   with pytest.raises(ConfigError, match="nothing listens"):
     sharding.initialize_distributed(f"127.0.0.1:{_free_port()}", 2, 1, initialization_timeout=1)
   assert time.monotonic() - t < 10
+
+
+# --- the roster (port P+1 of process 0) and the port lock, in-process ---------------------
+
+
+def _join(address: str, i: int, n: int, timeout: float = 30) -> socket.socket:
+  host, port = startup_roster.split_address(address)
+  return startup_roster.join(host, port, address, i, n, timeout)
+
+
+@pytest.fixture
+def roster():
+  port = _free_port()
+  served = startup_roster.serve_roster(port, f"127.0.0.1:{port}", 3)
+  yield f"127.0.0.1:{port}"
+  served.close()
+
+
+def test_a_taken_id_is_refused_at_once_naming_its_holder(roster):
+  seat = _join(roster, 1, 3)
+  t = time.monotonic()
+  with pytest.raises(ConfigError) as e:
+    _join(roster, 1, 3, timeout=30)
+  assert time.monotonic() - t < 5  # not after the timeout
+  msg = str(e.value)
+  assert "--process_id=1 is already taken" in msg and f"pid {os.getpid()}" in msg, msg
+  assert f"host {socket.gethostname()}" in msg and "expected" in msg and "\n" not in msg
+  seat.close()
+
+
+def test_the_id_of_a_holder_that_died_is_free_again(roster):
+  # A killed process's connection is closed by the kernel: the same as this close.
+  host, port = startup_roster.split_address(roster)
+  dead = socket.create_connection((host, port + 1))
+  dead.sendall(b'{"process_id": 2, "num_processes": 3, "host": "h", "pid": 1}\n')
+  assert b'"ok": true' in dead.recv(4096)
+  dead.close()
+  _join(roster, 2, 3).close()
+
+
+def test_a_process_0_elsewhere_is_refused_by_the_live_runs_roster(roster):
+  # As if started on another host with this run's address: the port lock (host-local)
+  # cannot see it, the roster can; the port itself is free here.
+  host, port = startup_roster.split_address(roster)
+  with pytest.raises(ConfigError, match=rf"--process_id=0 is already taken in this run by "
+                                        rf"pid {os.getpid()} on host "):
+    startup_roster.guard_process_0(host, port, roster, 3)
+  os.close(startup_roster.lock_coordinator_port(port, roster))  # released on the way out
+
+
+def test_another_num_processes_is_refused(roster):
+  with pytest.raises(ConfigError, match=r"--num_processes=2: process 0 .* has "
+                                        r"--num_processes=3; expected the same"):
+    _join(roster, 1, 2)
+
+
+def test_a_busy_roster_port_stops_process_0_and_frees_its_lock():
+  port = _free_port()
+  with socket.socket() as busy:
+    busy.bind(("127.0.0.1", port + 1))
+    busy.listen()
+    with pytest.raises(ConfigError, match=rf"cannot listen on port {port + 1} .*roster.* "
+                                          "another port"):
+      startup_roster.guard_process_0("127.0.0.1", port, f"127.0.0.1:{port}", 2)
+  os.close(startup_roster.lock_coordinator_port(port, f"127.0.0.1:{port}"))
+
+
+def test_a_second_process_0_on_this_host_names_the_holder_until_it_dies():
+  port = _free_port()
+  code = ("import sys, time; sys.path.insert(0, %r)\n"
+          "from bert_jax import startup_roster\n"
+          "startup_roster.lock_coordinator_port(%d, 'x')\n"
+          "print('held', flush=True)\n"
+          "time.sleep(120)\n" % (ROOT, port))
+  holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(ConfigError) as e:
+      startup_roster.lock_coordinator_port(port, f"127.0.0.1:{port}")
+    msg = str(e.value)
+    assert f"port {port} is already in use by another bert-jax process 0" in msg, msg
+    assert f"pid {holder.pid} on host {socket.gethostname()}" in msg and "expected" in msg
+  finally:
+    holder.kill()  # SIGKILL: nothing of the lock survives it
+    holder.wait()
+  os.close(startup_roster.lock_coordinator_port(port, f"127.0.0.1:{port}"))
+
+
+# --- a live run is untouched by a process that repeats its id -----------------------------
+
+_LIVE = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+import numpy as np
+from bert_jax import sharding
+sharding.initialize_distributed({address!r}, 2, {i}, initialization_timeout=60)
+from jax.experimental import multihost_utils
+print("joined", flush=True)
+while not os.path.exists({gate!r}):
+  time.sleep(0.1)
+print("gathered", multihost_utils.process_allgather(np.array([{i}])).ravel().tolist(), flush=True)
+"""
+
+
+def test_a_repeated_process_id_is_refused_and_the_live_run_goes_on(tmp_path):
+  address, gate = f"127.0.0.1:{_free_port()}", str(tmp_path / "go")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  live = [subprocess.Popen(
+      [sys.executable, "-c", _LIVE.format(root=ROOT, address=address, i=i, gate=gate)],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True) for i in range(2)]
+  try:
+    for p in live:  # both joined: the run is assembled and live
+      line = p.stdout.readline()
+      assert line.strip() == "joined", line + p.stderr.read()[-2000:]
+    intruder = subprocess.Popen(
+        [sys.executable, TRAIN, f"--workdir={tmp_path / 'intruder'}",
+         f"--coordinator_address={address}", "--num_processes=2", "--process_id=1",
+         "--distributed_timeout=60"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    rc, err, _ = _finish(intruder)
+    _one_error_line(rc, err, "--process_id=1 is already taken",
+                    f"pid {live[1].pid} on host {socket.gethostname()}")
+    assert not (tmp_path / "intruder").exists()  # nothing written
+    time.sleep(1)  # an abort of the run would have reached the live processes by now
+    open(gate, "w").close()
+    for p in live:
+      out, err = p.communicate(timeout=LIMIT_S)
+      assert p.returncode == 0 and "gathered [0, 1]" in out, err[-2000:]
+  finally:
+    for p in live:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
