@@ -298,8 +298,8 @@ def make_tokenizer(c: DataSettings, seed: int) -> Tokenizer:
   if c.vocab_file:
     return Tokenizer.from_vocab_file(c.vocab_file, c.lowercase)
   # Train split only: the eval text must stay unseen, vocabulary included.
-  texts = _vocab_sample(_documents(c, seed, corpus.CorpusStats()),
-                        c.vocab_sample_bytes)
+  def texts() -> Iterator[str]:  # read twice by Tokenizer.train, streamed both times
+    return _vocab_sample(_documents(c, seed, corpus.CorpusStats()), c.vocab_sample_bytes)
   return Tokenizer.train(texts, c.vocab_size, c.lowercase)
 
 

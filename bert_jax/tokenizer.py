@@ -25,7 +25,7 @@ import json
 import os
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import tokenizers
@@ -52,6 +52,38 @@ _UNSAFE = "\x00"  # table value of a character the fast path cannot do exactly
 # Distinct words and chunks kept; a cache is emptied when full (bounds memory).
 _WORD_CACHE_SIZE = 1 << 18
 _MAX_CACHED_CHUNK = 64  # characters; longer chunks (URLs, base64...) are split each time
+
+
+def _continuation_chars(hf: tokenizers.Tokenizer, texts: Iterable[str]) -> set[str]:
+  """The characters that follow another within a word of `texts`: the trainer's '##' pieces."""
+  chars: set[str] = set()
+  chunks: set[str] = set()
+
+  def add_pending() -> None:
+    for chunk in chunks:  # each distinct one once: most of a long sample repeats
+      for word, _ in hf.pre_tokenizer.pre_tokenize_str(chunk):
+        chars.update(word[1:])
+    chunks.clear()
+
+  def normalize(batch: list[str]) -> None:
+    # Normalized text splits at whitespace as the pre-tokenizer does (the
+    # normalizer has removed the control characters str.split() also splits at).
+    chunks.update(hf.normalizer.normalize_str("\n".join(batch)).split())
+    batch.clear()
+    if len(chunks) > 100_000:  # bounded memory over a long sample
+      add_pending()
+
+  batch: list[str] = []
+  size = 0
+  for text in texts:
+    batch.append(text)
+    size += len(text)
+    if size > 1 << 20:  # one normalizer call per megabyte, not per sentence
+      normalize(batch)
+      size = 0
+  normalize(batch)
+  add_pending()
+  return chars
 
 
 class Tokenizer:
@@ -88,21 +120,42 @@ class Tokenizer:
   # --- construction ---
 
   @classmethod
-  def train(cls, texts: Iterable[str], vocab_size: int, lowercase: bool) -> Tokenizer:
-    """Learns a WordPiece vocab of at most `vocab_size` tokens, specials first."""
+  def train(cls, texts: Iterable[str] | Callable[[], Iterable[str]], vocab_size: int,
+            lowercase: bool) -> Tokenizer:
+    """Learns a WordPiece vocab of at most `vocab_size` tokens, specials first.
+
+    The same text gives the same vocabulary in every process. `texts` is read
+    twice: pass a function that returns a fresh iterable to stream a large
+    sample (a one-shot iterator is kept in memory).
+    """
     if vocab_size <= len(SPECIAL_TOKENS):
       raise ConfigError(
           f"data.vocab_size must be more than {len(SPECIAL_TOKENS)}, got {vocab_size}")
+    if callable(texts):
+      read = texts
+    else:
+      kept = texts if iter(texts) is not texts else list(texts)
+      read = lambda: kept  # noqa: E731
     hf = tokenizers.Tokenizer(models.WordPiece(
         unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
     hf.normalizer = _normalizer(lowercase)
     hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # The trainer numbers the '##' pieces it makes in hash-map order, which
+    # differs in every process and call, and those numbers break ties between
+    # equally frequent merges (huggingface/tokenizers#1794): two trainings on
+    # the same text gave different vocabularies. Named up front, in sorted
+    # order, the pieces get fixed numbers and the result is always the same.
+    pieces = [CONTINUATION_PREFIX + ch for ch in sorted(_continuation_chars(hf, read()))]
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS) + pieces,
         continuing_subword_prefix=CONTINUATION_PREFIX, show_progress=False)
-    hf.train_from_iterator(texts, trainer=trainer)
+    hf.train_from_iterator(read(), trainer=trainer)
     by_id = sorted(hf.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-    vocab = [tok for tok, _ in by_id]
+    specials, rest = [t for t, _ in by_id[:len(SPECIAL_TOKENS)]], [t for t, _ in by_id[len(SPECIAL_TOKENS):]]
+    seeded = set(pieces)
+    # The order an unseeded trainer gives: the alphabet, its '##' pieces, the merges.
+    vocab = (specials + [t for t in rest if len(t) == 1] + [t for t in rest if t in seeded]
+             + [t for t in rest if len(t) > 1 and t not in seeded])
     # The trainer can exceed the target when the corpus alphabet alone is bigger.
     return cls(vocab[:vocab_size], lowercase, source="trained vocabulary")
 

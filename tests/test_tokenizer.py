@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax.errors import ConfigError
-from bert_jax.tokenizer import Tokenizer
+from bert_jax.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 TEXTS = [
     "The cat sat on the warm mat.",
@@ -169,6 +169,29 @@ def builtin_sentences():
 def test_encode_batch_equals_hf_pipeline_on_the_builtin_corpus(builtin_sentences, lowercase):
   tok = Tokenizer.train(builtin_sentences, vocab_size=800, lowercase=lowercase)
   assert tok.encode_batch(builtin_sentences) == hf_ids(tok, builtin_sentences)
+
+
+def test_training_twice_on_the_same_text_gives_the_same_vocabulary(builtin_sentences):
+  # Unseeded, tokenizers 0.22/0.23 gave a different vocabulary on almost every call here
+  # (huggingface/tokenizers#1794).
+  vocabs = {tuple(Tokenizer.train(builtin_sentences, 1000, lowercase=True).vocab)
+            for _ in range(3)}
+  assert len(vocabs) == 1
+
+
+def test_a_one_shot_iterator_trains_like_a_list(builtin_sentences):
+  from_list = Tokenizer.train(builtin_sentences, 1000, lowercase=True)
+  from_iterator = Tokenizer.train(iter(builtin_sentences), 1000, lowercase=True)
+  assert from_iterator.vocab == from_list.vocab
+
+
+def test_a_trained_vocabulary_lists_specials_then_the_alphabet_then_its_pieces():
+  vocab = Tokenizer.train(TEXTS, 200, lowercase=True).vocab
+  singles = [i for i, t in enumerate(vocab) if len(t) == 1]
+  pieces = [i for i, t in enumerate(vocab) if len(t) == 3 and t.startswith("##")]
+  assert vocab[:5] == list(SPECIAL_TOKENS)
+  assert singles == list(range(5, 5 + len(singles)))
+  assert pieces == list(range(5 + len(singles), 5 + len(singles) + len(pieces)))
 
 
 @pytest.mark.parametrize("lowercase", [True, False])
