@@ -34,8 +34,8 @@ def _prepare_data_multiprocess(data: DataSettings, cache_dir: str,
                                prepare: Callable) -> dataset.Prepared:
   """Process 0 prepares; the others then use its vocabulary, whatever their storage.
 
-  WordPiece training is not deterministic across processes
-  (huggingface/tokenizers#1794), so no other process may train its own: on
+  No other process trains its own vocabulary (another host's `tokenizers`
+  version could learn another one): on
   shared storage they load process 0's files; on a host-local cache they
   build the same (seeded) examples from process 0's vocabulary.
   """

@@ -5,13 +5,12 @@
   python tools/measure_reruns.py --runs 2 --steps 40 # a quick check (the block says so)
 
 Runs `python train.py` (the tiny config on the built-in corpus) `--runs` times, each
-in a fresh workdir with its own prepared data, exactly as a new user reruns the Quick
-start. Each run trains its own WordPiece vocabulary, and `tokenizers` does not train
-the same one twice (README, Determinism), so the runs differ in their vocabulary,
-their examples and their trained weights; with one shared vocabulary they would be
-bit-identical. The block between `<!-- reruns:start -->` and `<!-- reruns:end -->`
-lists each run's final held-out accuracies with their standard errors and the largest
-difference between any two runs.
+in a fresh workdir with its own prepared data (so each trains its WordPiece vocabulary
+afresh), exactly as a new user reruns the Quick start. The block between
+`<!-- reruns:start -->` and `<!-- reruns:end -->` lists each run's final held-out
+accuracies with their standard errors and the largest difference between any two runs.
+Before `Tokenizer.train` was made deterministic, each run learned a slightly different
+vocabulary, and this measured how far the training itself moves the accuracies.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ def markdown(evals: list[dict], steps: int, date: datetime.datetime) -> str:
   return "\n".join([
       START,
       f"**Reruns**: `python train.py` {len(evals)} times, each in a fresh workdir (so each "
-      f"trains its own vocabulary), on {mq._cpu_name()} ({os.cpu_count()} cores), "
+      f"trains its vocabulary afresh), on {mq._cpu_name()} ({os.cpu_count()} cores), "
       f"{date:%Y-%m-%d %H:%M} UTC; eval split of "
       f"{', '.join(map(str, examples)) or '?'} examples. Written by "
       f"`python tools/measure_reruns.py --runs {len(evals)} --readme`.{quick}",
