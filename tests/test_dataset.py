@@ -405,7 +405,7 @@ def test_a_trained_vocabulary_reads_only_its_sample(plain, cache, monkeypatch):
   real = Tokenizer.train.__func__
 
   def spy(cls, texts, vocab_size, lowercase):
-    texts = list(texts)
+    texts = list(texts())  # dataset streams the sample: a function giving a fresh iterable
     seen.extend(texts)
     return real(cls, texts, vocab_size, lowercase)
 
