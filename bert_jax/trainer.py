@@ -169,7 +169,8 @@ def _run(s: Settings, workdir: str, mesh, source=None) -> dict:
     reporter.close()
   plot = reporter.plot(state.step, [ph.start for ph in s.train.phases[1:]])
   console.log(f"final eval @ step {state.step}: {describe_eval(ev)}")
-  console.log(f"checkpoints: {ckpts.ckpt_dir}; TensorBoard: "
+  # The workdir as the user gave it, like the other two (Orbax's own path is absolute).
+  console.log(f"checkpoints: {checkpoint_dir(workdir)}; TensorBoard: "
               f"{os.path.join(workdir, 'tensorboard')}; plot: {plot}")
   return ev
 
