@@ -22,8 +22,8 @@ import shutil
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import measure_quickstart as mq  # noqa: E402  (a sibling script, not a package)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools import measure_quickstart as mq  # noqa: E402  (run as a script: the repo root first)
 
 START, END = "<!-- reruns:start -->", "<!-- reruns:end -->"
 METRICS = (("MLM", "mlm_accuracy"), ("NSP", "nsp_accuracy"))
