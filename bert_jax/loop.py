@@ -158,9 +158,9 @@ class TrainLoop:
     try:
       with console.through(bar):
         for phase in self.s.train.phases:
-          if st.step < phase.end:
+          if st.step < phase.end:  # phases the restored step is past keep the position
             self._train_phase(phase, bar)
-          st.position = 0
+            st.position = 0  # the next phase starts at its first batch
     finally:
       bar.close()
     if (line := self.summary()) is not None:
@@ -169,6 +169,9 @@ class TrainLoop:
   def _train_phase(self, phase: Phase, bar: tqdm) -> None:
     run, st, B = self.s.run, self.state, self.s.train.batch_size
     num_steps = self.s.train.num_steps
+    # A run restored inside this phase continues at the data position it saved; one
+    # restored exactly at the phase's start (a checkpoint at the previous phase's last
+    # step holds that phase's position) starts at batch 0.
     start_batch = st.position if st.step > phase.start else 0
     it = input_pipeline.TrainIterator(
         self.prepared.train[phase.seq_len], B, seed=run.seed + phase.index,

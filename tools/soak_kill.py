@@ -1,12 +1,13 @@
 """Soak test: SIGKILL training at random moments, resume, compare bit for bit.
 
-  python tools/soak_kill.py                 # 20 trials of 3 kills each, ~10-20 min on 2 cores
-  python tools/soak_kill.py --trials 5 --kills 2 --seed 7
+  python tools/soak_kill.py                 # 20 trials of 3 kills each, 2 phases, ~10-20 min
+  python tools/soak_kill.py --trials 5 --kills 2 --phases 3 --seed 7
 
 Each trial trains a tiny BERT on the toy corpus in a fresh workdir with
 `train.py`, kills it with SIGKILL at a random moment `--kills` times, reruns it
-to the end, and compares the final parameters with those of one uninterrupted
-reference run. Kill moments alternate between "mid-save" (as soon as an Orbax
+to the end, and compares every array of every checkpoint (parameters and
+optimizer state) and every train row of metrics.jsonl with those of one
+uninterrupted reference run. Runs have `--phases` sequence-length phases. Kill moments alternate between "mid-save" (as soon as an Orbax
 temporary checkpoint folder appears: in the middle of an asynchronous write)
 and "random" (after a random number of newly logged steps plus a random
 delay). After every kill the rerun must resume from the newest complete
@@ -35,30 +36,100 @@ TOY = os.path.join(ROOT, "data", "corpus.txt")
 TMP_MARK = ".orbax-checkpoint-tmp"
 
 
-def tiny_overrides(cache_dir: str, steps: int) -> dict:
+# (phase_fractions, seq_lens, max_predictions) of a run with 1, 2 or 3 phases. With
+# 16 (2 phases) or 24 steps (3 phases) and a checkpoint every 4 steps, every phase
+# has a checkpoint inside it and every phase boundary is a checkpoint.
+KEEP_ALL = 1000  # keep_checkpoints for runs whose every checkpoint is compared
+PHASES = {1: ((1.0,), (32,), (5,)),
+          2: ((0.5, 0.5), (16, 32), (3, 5)),
+          3: ((1 / 3, 1 / 3, 1 / 3), (16, 24, 32), (3, 4, 5))}
+
+
+def tiny_overrides(cache_dir: str, steps: int, phases: int = 1, **extra) -> dict:
   """Config fields of a run of a few seconds that checkpoints every 4 steps."""
+  fractions, seq_lens, preds = PHASES[phases]
   return {
       "data.corpus": TOY, "data.dupe_factor": 2, "data.cache_dir": cache_dir,
       "model.hidden_size": 32, "model.num_heads": 2, "model.intermediate_size": 64,
       "model.num_layers": 1, "train.batch_size": 16, "train.num_steps": steps,
-      "train.warmup_steps": 2, "train.seq_lens": (32,), "train.max_predictions": (5,),
-      "log_every": 1, "checkpoint_every": 4, "eval_every": 1000, "eval_batches": 1,
-      "progress_bar": False}
+      "train.warmup_steps": 2, "train.phase_fractions": fractions, "train.seq_lens": seq_lens,
+      "train.max_predictions": preds, "log_every": 1, "checkpoint_every": 4,
+      "eval_every": 1000, "eval_batches": 1, "progress_bar": False, **extra}
 
 
-def tiny_args(workdir: str, cache_dir: str, steps: int) -> list[str]:
+def tiny_args(workdir: str, cache_dir: str, steps: int, phases: int = 1, **extra) -> list[str]:
   """train.py flags for `tiny_overrides`."""
   return (["--config", os.path.join(ROOT, "configs", "tiny.py"), "--workdir", workdir]
-          + [f"--config.{k}={v}" for k, v in tiny_overrides(cache_dir, steps).items()])
+          + [f"--config.{k}={v}"
+             for k, v in tiny_overrides(cache_dir, steps, phases, **extra).items()])
 
 
-def tiny_config(cache_dir: str, steps: int):
+def tiny_config(cache_dir: str, steps: int, phases: int = 1, **extra):
   """The same run as `tiny_args`, as a config for `train_and_evaluate` in this process."""
   sys.path.insert(0, ROOT)
   from configs import tiny
   config = tiny.get_config()
-  config.update_from_flattened_dict(tiny_overrides(cache_dir, steps))
+  config.update_from_flattened_dict(tiny_overrides(cache_dir, steps, phases, **extra))
   return config
+
+
+def phase_bounds(steps: int, phases: int) -> list[tuple[int, int]]:
+  """(start, end) step of each phase of a `tiny_overrides` run (as settings.phases splits)."""
+  bounds, start, acc = [], 0, 0.0
+  for i, f in enumerate(PHASES[phases][0]):
+    acc += f
+    end = steps if i == phases - 1 else int(round(acc * steps))
+    bounds.append((start, end))
+    start = end
+  return bounds
+
+
+def checkpoint_arrays(workdir: str) -> dict[int, dict[str, object]]:
+  """Every array of every complete checkpoint: {step: {"params/...": array, ...}}."""
+  import jax  # only here: the parent of the runs needs no JAX otherwise
+  import orbax.checkpoint as ocp
+  reader = ocp.StandardCheckpointer()
+  out = {}
+  for step in complete_steps(workdir):
+    arrays = {}
+    for item in ("params", "opt_state"):
+      tree = reader.restore(os.path.join(workdir, "checkpoints", str(step), item))
+      for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        arrays[item + jax.tree_util.keystr(path)] = jax.device_get(leaf)
+    out[step] = arrays
+  return out
+
+
+# Train-row fields that are a function of the computation alone (rates are timings).
+EXACT_TRAIN_FIELDS = ("loss", "mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy",
+                      "grad_norm", "learning_rate", "skipped_steps")
+
+
+def train_rows(workdir: str) -> dict[int, dict[str, float]]:
+  """{step: exact fields} of the train rows of metrics.jsonl (the last row of a step wins)."""
+  return {int(r["step"]): {k: r[k] for k in EXACT_TRAIN_FIELDS if k in r}
+          for r in read_metrics(workdir) if r.get("split") == "train"}
+
+
+def differences(reference: str, workdir: str) -> list[str]:
+  """How `workdir` differs from `reference`: checkpoints (steps, arrays) and train rows."""
+  import numpy as np
+  diffs = []
+  ref, got = checkpoint_arrays(reference), checkpoint_arrays(workdir)
+  if sorted(ref) != sorted(got):
+    diffs.append(f"checkpoint steps {sorted(got)}, reference {sorted(ref)}")
+  for step in sorted(set(ref) & set(got)):
+    if sorted(ref[step]) != sorted(got[step]):
+      diffs.append(f"step {step}: other arrays")
+      continue
+    bad = [k for k in ref[step] if not np.array_equal(ref[step][k], got[step][k])]
+    if bad:
+      diffs.append(f"step {step}: {len(bad)} arrays differ, e.g. {bad[0]}")
+  ref_rows, got_rows = train_rows(reference), train_rows(workdir)
+  bad_rows = [s for s in sorted(ref_rows) if got_rows.get(s) != ref_rows[s]]
+  if bad_rows or sorted(got_rows) != sorted(ref_rows):
+    diffs.append(f"train rows differ at steps {bad_rows or sorted(set(got_rows) ^ set(ref_rows))}")
+  return diffs
 
 
 def subprocess_env(compile_cache: Optional[str] = None) -> dict:
@@ -177,26 +248,12 @@ def resumed_step(stdout: str) -> Optional[int]:
   return int(m.group(1)) if m else None
 
 
-def final_params(workdir: str):
-  import jax  # only here: the parent of the runs needs no JAX otherwise
-  from bert_jax import checkpointing
-  params, meta = checkpointing.restore_params(workdir)
-  return jax.device_get(params), meta
-
-
-def identical(a, b) -> bool:
-  import jax
-  import numpy as np
-  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-  return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb))
-
-
 def trial(workdir: str, cache_dir: str, steps: int, kills: int, env: dict,
-          rng: random.Random) -> tuple[list[Kill], Optional[int]]:
+          rng: random.Random, phases: int = 1) -> tuple[list[Kill], Optional[int]]:
   """Kills a fresh run `kills` times, then finishes it. Returns the kills and the step
   the finishing run resumed from. Raises AssertionError if a rerun did not resume
   from the newest complete checkpoint."""
-  args = tiny_args(workdir, cache_dir, steps)
+  args = tiny_args(workdir, cache_dir, steps, phases, keep_checkpoints=KEEP_ALL)
   done = []
   for i in range(kills):
     k = run_and_kill(args, env, workdir, "mid-save" if i % 2 == 0 else "random", rng)
@@ -215,7 +272,9 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--trials", type=int, default=20)
   ap.add_argument("--kills", type=int, default=3)
-  ap.add_argument("--steps", type=int, default=20)
+  ap.add_argument("--steps", type=int, default=24)
+  ap.add_argument("--phases", type=int, default=2, choices=sorted(PHASES),
+                  help="sequence-length phases of the run (kills land in any of them)")
   ap.add_argument("--seed", type=int, default=None)
   ap.add_argument("--workdir", default=None, help="default: a temporary directory, removed")
   opts = ap.parse_args()
@@ -229,24 +288,30 @@ def main() -> int:
   print(f"seed {seed}; runs in {base}", flush=True)
   ref_dir = os.path.join(base, "reference")
   shutil.rmtree(ref_dir, ignore_errors=True)
-  run_to_end(tiny_args(ref_dir, cache_dir, opts.steps), env)
-  ref, _ = final_params(ref_dir)
+  run_to_end(tiny_args(ref_dir, cache_dir, opts.steps, opts.phases, keep_checkpoints=KEEP_ALL),
+             env)
+  bounds = phase_bounds(opts.steps, opts.phases)
+  in_phase = lambda step: next(i for i, (a, b) in enumerate(bounds) if a <= step < b)
   same = 0
   for t in range(opts.trials):
     wd = os.path.join(base, f"trial_{t}")
     shutil.rmtree(wd, ignore_errors=True)
     try:
-      kills, _ = trial(wd, cache_dir, opts.steps, opts.kills, env, rng)
-      params, meta = final_params(wd)
-      ok = meta["step"] == opts.steps and identical(ref, params)
+      kills, _ = trial(wd, cache_dir, opts.steps, opts.kills, env, rng, opts.phases)
+      diffs = differences(ref_dir, wd)
+      ok = not diffs
       note = "; ".join(
-          f"{k.mode} kill at step {k.at_step}" + (f" (left {k.tmp_left[0]})" if k.tmp_left else "")
+          f"{k.mode} kill at step {k.at_step} (phase {in_phase(k.at_step)})"
+          + (f" (left {k.tmp_left[0]})" if k.tmp_left else "")
           + f" -> resume {k.newest_complete}" for k in kills if k.killed)
+      if diffs:
+        note += "; " + "; ".join(diffs)
     except (AssertionError, RuntimeError, TimeoutError) as e:
       ok, note = False, f"FAILED: {e}"
     same += ok
     print(f"trial {t + 1}/{opts.trials}: {'identical' if ok else 'DIFFERENT'}; {note}", flush=True)
-  print(f"{same}/{opts.trials} trials ended identical to the uninterrupted run")
+  print(f"{same}/{opts.trials} trials ended identical to the uninterrupted run (every array "
+        f"of every checkpoint and every train row; {opts.phases} phases)")
   if not opts.workdir:
     shutil.rmtree(base, ignore_errors=True)
   return 0 if same == opts.trials else 1

@@ -1,0 +1,143 @@
+"""Exact resume in every phase of a multi-phase run, and at its phase boundaries.
+
+A run's data position belongs to the phase it was saved in: a run restored
+inside phase p must continue phase p's batches where it stopped, and one
+restored at a phase boundary must start the next phase at its first batch.
+(The chain in test_faults.py is one phase, and test_train's two-phase run
+never resumed, so neither could see a resume that restarted a later phase's
+data: see loop.TrainLoop.train.)
+
+Two ways in, both compared with one uninterrupted run of the same config on
+every array of every checkpoint (parameters and optimizer state) and every
+train row of metrics.jsonl:
+- in this process: resume from every checkpoint of a three-phase run (grad
+  accumulation and FSDP on, so neither hides a difference);
+- with SIGKILL: `train.py` killed once after each checkpoint of a two- and a
+  three-phase run (every phase's inside and every boundary), then run to the end.
+"""
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.trainer import train_and_evaluate
+from tools import soak_kill
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = {2: 16, 3: 24}  # a checkpoint every 4 steps: inside every phase and at each boundary
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+  return tmp_path_factory.mktemp("resume_phases")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(base):
+  """One persistent XLA cache for this module and its train.py runs (restored after)."""
+  import jax
+  from jax._src import compilation_cache
+  values = {"jax_compilation_cache_dir": str(base / "xla_cache"),
+            "jax_persistent_cache_min_compile_time_secs": 0,
+            "jax_persistent_cache_min_entry_size_bytes": -1}
+  before = {k: getattr(jax.config, k) for k in values}
+  for k, v in values.items():
+    jax.config.update(k, v)
+  compilation_cache.reset_cache()
+  yield str(base / "xla_cache")
+  for k, v in before.items():
+    jax.config.update(k, v)
+  compilation_cache.reset_cache()
+
+
+def _extra(phases):
+  # In-process runs and train.py runs must be the same config.
+  return {"keep_checkpoints": soak_kill.KEEP_ALL, "train.grad_accum_steps": 2,
+          "mesh.param_sharding": "fsdp"} if phases == 3 else {"keep_checkpoints":
+                                                              soak_kill.KEEP_ALL}
+
+
+def _config(base, phases):
+  return soak_kill.tiny_config(str(base / "prepared"), STEPS[phases], phases, **_extra(phases))
+
+
+@pytest.fixture(scope="module")
+def references(base):
+  """{phases: workdir of the uninterrupted run}."""
+  out = {}
+  for phases in (2, 3):
+    out[phases] = str(base / f"reference_{phases}")
+    train_and_evaluate(_config(base, phases), out[phases])
+  return out
+
+
+def _checkpoints_inside_and_at_boundaries(phases):
+  steps = STEPS[phases]
+  bounds = soak_kill.phase_bounds(steps, phases)
+  ckpts = list(range(4, steps, 4))
+  inside = {i: [c for c in ckpts if a < c < b] for i, (a, b) in enumerate(bounds)}
+  boundaries = [b for _, b in bounds[:-1]]
+  assert all(inside.values()) and set(boundaries) <= set(ckpts)  # the premise of the tests
+  return ckpts
+
+
+def test_reference_runs_have_the_phases_the_tests_need(references):
+  for phases, workdir in references.items():
+    _checkpoints_inside_and_at_boundaries(phases)
+    assert soak_kill.complete_steps(workdir) == list(range(4, STEPS[phases] + 1, 4))
+
+
+@pytest.mark.parametrize("resume_at", range(4, STEPS[3], 4))
+def test_resume_from_any_checkpoint_of_three_phases_is_exact(base, references, resume_at):
+  """Restores checkpoint `resume_at` (a copy with every later checkpoint removed)."""
+  workdir = str(base / f"resume_3_at_{resume_at}")
+  shutil.copytree(references[3], workdir)
+  for step in soak_kill.complete_steps(workdir):
+    if step > resume_at:
+      shutil.rmtree(os.path.join(workdir, "checkpoints", str(step)))
+  train_and_evaluate(_config(base, 3), workdir)
+  assert soak_kill.differences(references[3], workdir) == [], f"resumed at step {resume_at}"
+
+
+@pytest.mark.parametrize("phases", [2, 3])
+def test_sigkill_after_every_checkpoint_of_every_phase_ends_exact(base, references,
+                                                                  compile_cache, phases):
+  seed = random.randrange(2**31)
+  rng = random.Random(seed)
+  workdir = str(base / f"killed_{phases}")
+  args = soak_kill.tiny_args(workdir, str(base / "prepared"), STEPS[phases], phases,
+                             **_extra(phases))
+  env = soak_kill.subprocess_env(compile_cache)
+  train = [sys.executable, os.path.join(ROOT, "train.py"), *args]
+  resumed_from = []
+  for ckpt in _checkpoints_inside_and_at_boundaries(phases):
+    proc = subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+      while proc.poll() is None and ckpt not in soak_kill.complete_steps(workdir):
+        soak_kill.sleep(0.002)
+      soak_kill.sleep(rng.uniform(0.0, 0.03))  # a random moment shortly after it
+      assert proc.poll() is None, f"seed {seed}: train.py ended before checkpoint {ckpt}"
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    resumed_from.append(soak_kill.complete_steps(workdir)[-1])
+  last = soak_kill.run_to_end(args, env)
+  assert soak_kill.resumed_step(last.stdout) == resumed_from[-1]
+  msg = f"seed {seed}: killed with newest checkpoints {resumed_from}"
+  # Every phase was resumed inside, every boundary exactly (the kills landed where meant).
+  bounds = soak_kill.phase_bounds(STEPS[phases], phases)
+  for a, b in bounds:
+    assert any(a < r < b for r in resumed_from), msg
+  assert {b for _, b in bounds[:-1]} <= set(resumed_from), msg
+  assert soak_kill.differences(references[phases], workdir) == [], msg
