@@ -7,6 +7,7 @@ Override any field from the command line: `--config.train.batch_size=32`.
 import ml_collections
 
 
+# long: one assignment per config field, each with its comment; splitting it would hide the defaults
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0  # seed of initialisation, masking, dropout and data order
@@ -17,7 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
   # prepared examples and the loss.
   c.objective = "mlm+nsp"  # pre-training tasks: mlm+nsp | mlm | mlm+sop
   # Continue a published BERT: a HuggingFace directory, a google-research TF
-  # checkpoint directory, a bert_jax.convert checkpoint or a bert-jax workdir
+  # checkpoint directory, a bert_jax.io.convert checkpoint or a bert-jax workdir
   # (or PATH/checkpoints/<step>). Its model shape, vocabulary and lowercasing win.
   c.init_from = ""  # '' = start from scratch; else the model to continue from
 

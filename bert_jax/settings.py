@@ -17,9 +17,10 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import corpus, default_config, precision, pretraining_data
+from bert_jax import default_config
+from bert_jax.data import corpus, pretraining_data
 from bert_jax.errors import ConfigError
-from bert_jax.model import BertConfig
+from bert_jax.model.config import BertConfig
 
 MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] plus room to mask something
 OPTIMIZERS = ("adamw", "lamb")  # `config.train.optimizer`; optim.make_optimizer builds them
@@ -199,7 +200,7 @@ SOURCE_MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "intermediate_s
 
 @dataclasses.dataclass(frozen=True)
 class InitSettings:
-  """`config.init_from` and `config.data.extend_vocab` (bert_jax.init_from reads the source).
+  """`config.init_from` and `config.data.extend_vocab` (bert_jax.train.init_from reads the source).
 
   `overrides`: the source-owned fields (`model.<SOURCE_MODEL_FIELDS>`, `data.lowercase`)
   whose config value differs from the shipped default (default_config.py), i.e. that a
@@ -311,16 +312,17 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   requested_dtype = fields["dtype"]
   if requested_dtype not in ("auto", "float32", "bfloat16", "float16"):
     raise _fail("model.dtype", requested_dtype, "'auto', 'float32', 'bfloat16' or 'float16'")
+  from bert_jax.model import precision  # 'auto' asks the backend: JAX only from here
   fields["dtype"] = precision.resolve_dtype(requested_dtype)
   model = BertConfig(vocab_size=1, **fields)
   data = c.data.to_dict()
   init = _init_settings(c, data)
-  if not init.path:  # else the shape is the source's: bert_jax.init_from checks the config
+  if not init.path:  # else the shape is the source's: bert_jax.train.init_from checks the config
     model.validate()
   if model.type_vocab_size < 2 and not init.path:  # one row would embed A and B alike
     raise _fail("model.type_vocab_size", model.type_vocab_size,
                 ">= 2 (segment A and segment B of a sentence pair)")
-  # A continued run's position table is its source's: bert_jax.init_from checks seq_lens.
+  # A continued run's position table is its source's: bert_jax.train.init_from checks seq_lens.
   max_positions = model.max_position_embeddings if not init.path else 1 << 30
   train = TrainSettings(
       batch_size=t.batch_size, grad_accum_steps=t.grad_accum_steps,

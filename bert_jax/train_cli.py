@@ -18,7 +18,7 @@ from typing import NoReturn
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import sharding
+from bert_jax.dist import startup
 from bert_jax.errors import BertJaxError, Preempted
 from bert_jax.trainer import train_and_evaluate
 
@@ -118,7 +118,7 @@ def _main(argv):
   try:
     explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     if FLAGS.jax_distributed or any(v is not None for v in explicit):
-      sharding.initialize_distributed(*explicit,
+      startup.initialize_distributed(*explicit,
                                       initialization_timeout=FLAGS.distributed_timeout)
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except Preempted as e:  # SIGTERM/SIGINT during training: checkpointed, resumable

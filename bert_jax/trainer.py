@@ -14,16 +14,19 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import (checkpointing, compile_cache, console, data_setup, init_from, precision,
-                      settings as settings_lib, sharding, workdir_lock)
+from bert_jax import console, settings as settings_lib
+from bert_jax.dist import sharding, workdir_lock
+from bert_jax.io import checkpointing
+from bert_jax.model import precision
+from bert_jax.train import compile_cache, data_setup, init_from
 from bert_jax.errors import ConfigError
-from bert_jax.loop import TrainLoop, describe_eval
-from bert_jax.preemption import StopSignals
-from bert_jax.reporting import Reporter
-from bert_jax.resume import RunCheckpoints, RunState, check_same_recipe, checkpoint_dir
+from bert_jax.train.loop import TrainLoop, describe_eval
+from bert_jax.train.preemption import StopSignals
+from bert_jax.train.reporting import Reporter
+from bert_jax.train.resume import RunCheckpoints, RunState, check_same_recipe, checkpoint_dir
 from bert_jax.settings import Settings
-from bert_jax.steps import TrainSteps
-from bert_jax.tokenizer import Tokenizer
+from bert_jax.train.steps import TrainSteps
+from bert_jax.data.tokenizer import Tokenizer
 
 
 def _check_workdir(workdir: str) -> None:
@@ -112,6 +115,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return _run(s, workdir, mesh, source)
 
 
+# long: the run's story in order (restore, loop, final eval, report); each line calls one owner
 def _run(s: Settings, workdir: str, mesh, source=None) -> dict:
   _check_same_data(s, workdir)  # before preparing anything: a refused run writes nothing
   ext = None

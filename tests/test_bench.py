@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.model.config import BertConfig
+from bert_jax.model.bert import BertForPreTraining, BertModel
 from tools import bench, bench_prepare
 
 README = "# x\n\n## Performance\n\nintro\n\n<!-- bench:start -->\nold table\n<!-- bench:end -->\n\nafter\n"

@@ -11,7 +11,7 @@ _CHILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[2])
 import jax, jax.numpy as jnp
-from bert_jax import compile_cache
+from bert_jax.train import compile_cache
 hits = []
 jax.monitoring.register_event_listener(
     lambda name, **kw: hits.append(name) if name == '/jax/compilation_cache/cache_hits' else None)
@@ -47,7 +47,7 @@ def test_second_process_reads_the_compilation_from_the_cache(tmp_path):
 
 def test_empty_cache_dir_leaves_the_cache_off(tmp_path, monkeypatch):
   import jax
-  from bert_jax import compile_cache
+  from bert_jax.train import compile_cache
   before = jax.config.jax_compilation_cache_dir
   compile_cache.enable("")
   assert jax.config.jax_compilation_cache_dir == before

@@ -1,4 +1,4 @@
-"""Checkpoint import/export (bert_jax.convert) without torch or TensorFlow.
+"""Checkpoint import/export (bert_jax.io.convert) without torch or TensorFlow.
 
 HF-named state dicts are written here by hand, following transformers' BERT
 names, so the mapping is checked against an independent spelling of them.
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import checkpointing, convert, hf_weights
-from bert_jax.model import BertConfig
+from bert_jax.io import checkpointing, convert, hf_weights
+from bert_jax.model.config import BertConfig
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 VOCAB = SPECIALS + ["the", "cat", "sat", "on", "mat", "##s", "dog", "ran", ".", ",", "a",
@@ -223,7 +223,7 @@ def test_no_heads_ignores_the_sources_heads(tmp_path):
 def test_lowercase_comes_from_tokenizer_config_else_the_name(tmp_path, tok_config, name,
                                                              expected):
   hf_dir = write_hf_dir(tmp_path / name, tokenizer_config=tok_config)
-  assert convert._lowercase(hf_dir, HF_CONFIG, None)[0] is expected
+  assert convert.resolve_lowercase(hf_dir, HF_CONFIG, None)[0] is expected
 
 
 # --- the CLI: export ------------------------------------------------------------

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from bert_jax import corpus, corpus_files
+from bert_jax.data import corpus, corpus_files
 from bert_jax.errors import ConfigError, CorpusError
 
 SHIPPED = os.path.join(os.path.dirname(__file__), os.pardir, "data", "corpus.txt")

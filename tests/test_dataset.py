@@ -8,10 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import corpus, dataset, pretraining_data, settings
+from bert_jax import settings
+from bert_jax.data import corpus, dataset, pretraining_data
 from bert_jax.errors import ConfigError, CorpusError
-from bert_jax.input_pipeline import TrainIterator
-from bert_jax.tokenizer import Tokenizer
+from bert_jax.data.input_pipeline import TrainIterator
+from bert_jax.data.tokenizer import Tokenizer
 from configs import default
 
 SHIPPED = os.path.join(os.path.dirname(__file__), os.pardir, "data", "corpus.txt")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from bert_jax import sharding, startup_roster
+from bert_jax.dist import startup, startup_roster
 from bert_jax.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,20 +113,20 @@ def test_startup_faults_end_in_one_error_line_within_the_timeout(tmp_path):
 
 def test_pre_checks_in_process():
   with pytest.raises(ConfigError, match="expected host:port"):
-    sharding.initialize_distributed("localhost", 2, 0, initialization_timeout=5)
+    startup.initialize_distributed("localhost", 2, 0, initialization_timeout=5)
   with pytest.raises(ConfigError, match="distributed_timeout=0"):
-    sharding.initialize_distributed("127.0.0.1:1234", 2, 0, initialization_timeout=0)
+    startup.initialize_distributed("127.0.0.1:1234", 2, 0, initialization_timeout=0)
   with socket.socket() as busy:
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     with pytest.raises(ConfigError, match="already in use"):
-      sharding.initialize_distributed(f"127.0.0.1:{busy.getsockname()[1]}", 2, 0,
+      startup.initialize_distributed(f"127.0.0.1:{busy.getsockname()[1]}", 2, 0,
                                       initialization_timeout=5)
   with pytest.raises(ConfigError, match="leaves no port 65535\+1 for bert-jax's start-up roster"):
-    sharding.initialize_distributed("127.0.0.1:65535", 2, 1, initialization_timeout=5)
+    startup.initialize_distributed("127.0.0.1:65535", 2, 1, initialization_timeout=5)
   t = time.monotonic()
   with pytest.raises(ConfigError, match="nothing listens"):
-    sharding.initialize_distributed(f"127.0.0.1:{_free_port()}", 2, 1, initialization_timeout=1)
+    startup.initialize_distributed(f"127.0.0.1:{_free_port()}", 2, 1, initialization_timeout=1)
   assert time.monotonic() - t < 10
 
 
@@ -222,8 +222,8 @@ _LIVE = """
 import os, sys, time
 sys.path.insert(0, {root!r})
 import numpy as np
-from bert_jax import sharding
-sharding.initialize_distributed({address!r}, 2, {i}, initialization_timeout=60)
+from bert_jax.dist import startup
+startup.initialize_distributed({address!r}, 2, {i}, initialization_timeout=60)
 from jax.experimental import multihost_utils
 print("joined", flush=True)
 while not os.path.exists({gate!r}):

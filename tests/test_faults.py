@@ -27,12 +27,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, input_pipeline, optim, settings, sharding
+from bert_jax import settings
+from bert_jax.data import input_pipeline
+from bert_jax.dist import sharding
+from bert_jax.io import checkpointing
+from bert_jax.train import optim
 from bert_jax.errors import ConfigError, NonFiniteError, Preempted
-from bert_jax.pretraining_data import Batch
-from bert_jax.resume import RunCheckpoints, RunState
-from bert_jax.steps import TrainSteps
-from bert_jax.tokenizer import Tokenizer
+from bert_jax.data.pretraining_data import Batch
+from bert_jax.train.resume import RunCheckpoints, RunState
+from bert_jax.train.steps import TrainSteps
+from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.trainer import make_steps, train_and_evaluate
 from tools import soak_kill
 
@@ -45,7 +49,7 @@ STEPS = 20  # checkpoints every 4 steps, keeps 3
 DISK_FULL_DRIVER = """
 import resource, runpy, signal, sys
 sys.path.insert(0, {root!r})
-from bert_jax import checkpointing
+from bert_jax.io import checkpointing
 real, calls = checkpointing.save, []
 def save(*args, **kwargs):
   calls.append(1)

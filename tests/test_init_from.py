@@ -20,10 +20,13 @@ from safetensors.numpy import load_file, save_file
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bert_jax import checkpointing, convert, dataset, default_config, input_pipeline  # noqa: E402
-from bert_jax import init_from, settings as settings_lib  # noqa: E402
+from bert_jax import default_config
+from bert_jax.data import dataset, input_pipeline
+from bert_jax.io import checkpointing, convert
+from bert_jax import settings as settings_lib
+from bert_jax.train import init_from
 from bert_jax.errors import ConfigError  # noqa: E402
-from bert_jax.tokenizer import Tokenizer  # noqa: E402
+from bert_jax.data.tokenizer import Tokenizer  # noqa: E402
 from bert_jax.trainer import make_steps, train_and_evaluate  # noqa: E402
 from tools import soak_kill  # noqa: E402
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax.errors import ConfigError
-from bert_jax.input_pipeline import TrainIterator, eval_batches
+from bert_jax.data.input_pipeline import TrainIterator, eval_batches
 
 L = 4
 
@@ -164,8 +164,8 @@ def test_eval_batch_size_not_divisible_by_hosts_raises_before_iterating():
 
 
 def test_data_modules_do_not_import_jax():
-  code = ("import sys, tensorflow_datasets; import bert_jax.tokenizer, bert_jax.corpus, "
-          "bert_jax.pretraining_data, bert_jax.dataset, bert_jax.input_pipeline; "
+  code = ("import sys, tensorflow_datasets; import bert_jax.data.tokenizer, bert_jax.data.corpus, "
+          "bert_jax.data.pretraining_data, bert_jax.data.dataset, bert_jax.data.input_pipeline; "
           "sys.exit('jax imported' if 'jax' in sys.modules else 0)")
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   subprocess.run([sys.executable, "-c", code], check=True, cwd=repo)

@@ -6,7 +6,8 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import optim, settings
+from bert_jax import settings
+from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.settings import OptimizerSettings
 from configs import tiny

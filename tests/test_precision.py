@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import losses, precision
+from bert_jax.model import losses, precision
 from bert_jax.errors import ConfigError
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.model.config import BertConfig
+from bert_jax.model.bert import BertForPreTraining, BertModel
 
 SMALL = dict(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
              max_position_embeddings=64, vocab_pad_multiple=128)

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from bert_jax import corpus, dataset, pretraining_data
+from bert_jax.data import corpus, dataset, pretraining_data
 from bert_jax.errors import ConfigError, CorpusError
 from tests.test_dataset import data_config, write_plain_corpus
 

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from bert_jax import pretraining_data as pd
+from bert_jax.data import pretraining_data as pd
 from bert_jax.errors import ConfigError
 
 CLS, SEP = 2, 3

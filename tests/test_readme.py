@@ -55,7 +55,7 @@ SKIP = {
     "gcloud compute tpus tpu-vm ssh ": "a TPU pod launch over ssh",
     "for i in 0 1; do": "a two-process launch; tests/test_distributed.py runs it with its "
                         "TINY flags",
-    "python -m bert_jax.convert from-tf ": "needs TensorFlow and a downloaded "
+    "python -m bert_jax.io.convert from-tf ": "needs TensorFlow and a downloaded "
                                            "google-research/bert checkpoint",
 }
 

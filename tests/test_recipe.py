@@ -3,7 +3,7 @@
 import pytest
 
 from bert_jax.errors import CheckpointError
-from bert_jax.resume import check_same_recipe
+from bert_jax.train.resume import check_same_recipe
 
 OURS = {"train": {"optimizer": "adamw"}, "objective": "mlm+nsp"}
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bert_jax.reporting import Reporter, is_record
+from bert_jax.train.reporting import Reporter, is_record
 
 
 def _write(path, text: bytes) -> None:

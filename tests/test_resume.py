@@ -17,10 +17,11 @@ import shutil
 
 import pytest
 
-from bert_jax import checkpointing, settings
+from bert_jax import settings
+from bert_jax.io import checkpointing
 from bert_jax.errors import CheckpointError
-from bert_jax.resume import RunCheckpoints, RunState
-from bert_jax.tokenizer import SPECIAL_TOKENS, Tokenizer
+from bert_jax.train.resume import RunCheckpoints, RunState
+from bert_jax.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 from bert_jax.trainer import make_steps
 from tools import soak_kill
 

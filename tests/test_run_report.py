@@ -11,8 +11,10 @@ import sys
 import pytest
 from tqdm import tqdm
 
-from bert_jax import console, flops, loop as loop_lib
-from bert_jax.reporting import Reporter
+from bert_jax import console
+from bert_jax.model import flops
+from bert_jax.train import loop as loop_lib
+from bert_jax.train.reporting import Reporter
 from bert_jax.trainer import train_and_evaluate
 from tests.test_train import ROOT, _config
 from tools import cases

@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from bert_jax import precision, settings
+from bert_jax import settings
+from bert_jax.model import precision
 from bert_jax.errors import ConfigError
 from configs import base, large, tiny
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax.errors import ConfigError
-from bert_jax.tokenizer import SPECIAL_TOKENS, Tokenizer
+from bert_jax.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 TEXTS = [
     "The cat sat on the warm mat.",
@@ -161,7 +161,7 @@ def hf_ids(tok, texts):
 
 @pytest.fixture(scope="module")
 def builtin_sentences():
-  from bert_jax import corpus
+  from bert_jax.data import corpus
   return [s for d in corpus.read_documents("builtin") for s in d]
 
 
@@ -230,7 +230,7 @@ def test_a_megabyte_word_is_one_unk_and_not_cached():
 
 
 def test_word_cache_stays_bounded_and_ids_stay_right(monkeypatch):
-  from bert_jax import tokenizer
+  from bert_jax.data import tokenizer
   monkeypatch.setattr(tokenizer, "_WORD_CACHE_SIZE", 50)
   tok = trained()
   words = [f"cat{i}dog (the{i})." for i in range(400)]

@@ -8,7 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, input_pipeline
+from bert_jax.data import input_pipeline
+from bert_jax.io import checkpointing
 from bert_jax.errors import BertJaxError, ConfigError, CorpusError
 from bert_jax.trainer import train_and_evaluate
 from configs import tiny

@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import settings, sharding
+from bert_jax import settings
+from bert_jax.dist import sharding
 from bert_jax.errors import ConfigError
-from bert_jax.pretraining_data import Batch
+from bert_jax.data.pretraining_data import Batch
 from bert_jax.trainer import make_steps
 from configs import tiny
 

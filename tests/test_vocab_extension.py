@@ -9,8 +9,9 @@ from safetensors.numpy import load_file
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bert_jax import checkpointing, convert, vocab_extension  # noqa: E402
-from bert_jax.tokenizer import Tokenizer  # noqa: E402
+from bert_jax.data import vocab_extension
+from bert_jax.io import checkpointing, convert
+from bert_jax.data.tokenizer import Tokenizer  # noqa: E402
 from bert_jax.trainer import train_and_evaluate  # noqa: E402
 from test_init_from import TOY, config, toy_texts, write_source  # noqa: E402
 

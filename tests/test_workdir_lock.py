@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from bert_jax import workdir_lock
+from bert_jax.dist import workdir_lock
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.workdir_lock import WorkdirInUse
+from bert_jax.dist.workdir_lock import WorkdirInUse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

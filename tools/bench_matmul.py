@@ -128,8 +128,9 @@ def bench_matmuls(quick: bool, out):
 def _model_timings(quick: bool, out):
   import flax.linen as nn
   import optax
-  from bert_jax import losses
-  from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+  from bert_jax.model import losses
+  from bert_jax.model.config import BertConfig
+  from bert_jax.model.bert import BertForPreTraining, BertModel
 
   reps = 2 if quick else 5
   small = dict(vocab_size=30522, hidden_size=256, num_layers=4, num_heads=4,

@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Sequence
 
-from bert_jax import corpus, dataset
+from bert_jax.data import corpus, dataset
 from bert_jax.settings import DataSettings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository

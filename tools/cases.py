@@ -11,10 +11,10 @@ import dataclasses
 
 import numpy as np
 
-from bert_jax import flops
+from bert_jax.model import flops
 from configs import base, tiny
 
-SPECIAL_IDS = [0, 1, 2, 3, 4]  # [PAD] [UNK] [CLS] [SEP] [MASK], as bert_jax.tokenizer
+SPECIAL_IDS = [0, 1, 2, 3, 4]  # [PAD] [UNK] [CLS] [SEP] [MASK], as bert_jax.data.tokenizer
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 
 
@@ -70,7 +70,7 @@ def find(name: str) -> Case:
 
 def model_flops(size: ModelSize, kind: str, batch: int, seq_len: int,
                 predictions: int = 0) -> float:
-  """Analytic model FLOPs of one step (`bert_jax.flops.model_flops`, shared with training)."""
+  """Analytic model FLOPs of one step (`bert_jax.model.flops.model_flops`, shared with training)."""
   return flops.model_flops(size.num_layers, size.hidden_size, size.intermediate_size,
                            size.vocab_size, kind, batch, seq_len, predictions)
 

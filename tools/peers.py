@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax import optim
+from bert_jax.train import optim
 from tools import cases, measure
 from tools.cases import Case, ModelSize
 

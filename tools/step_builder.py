@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bert_jax import model as model_lib
+from bert_jax.model import bert as model_lib
 from bert_jax import settings as settings_lib
-from bert_jax import sharding
-from bert_jax.model import BertConfig, BertModel
-from bert_jax.pretraining_data import Batch
+from bert_jax.dist import sharding
+from bert_jax.model.config import BertConfig
+from bert_jax.model.bert import BertModel
+from bert_jax.data.pretraining_data import Batch
 from bert_jax.trainer import make_steps
 from configs import default
 from tools import cases

@@ -25,10 +25,13 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from bert_jax import losses, masking, model as model_lib, optim, sharding
+from bert_jax.dist import sharding
+from bert_jax.model import losses, masking, bert as model_lib
+from bert_jax.train import optim
 from bert_jax.errors import ConfigError
-from bert_jax.model import BertConfig, BertForPreTraining
-from bert_jax.pretraining_data import OBJECTIVES, Batch
+from bert_jax.model.config import BertConfig
+from bert_jax.model.bert import BertForPreTraining
+from bert_jax.data.pretraining_data import OBJECTIVES, Batch
 from bert_jax.settings import MaskingSettings, OptimizerSettings
 
 # Metric prefix of the 2-way head's task per objective; None: MLM alone.

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from bert_jax.tokenizer import CONTINUATION_PREFIX, Tokenizer
+from bert_jax.data.tokenizer import CONTINUATION_PREFIX, Tokenizer
 
 MIN_COUNT = 2  # a word seen once is not "frequent"
 _MAX_WORD_CHARS = 100  # longer "words" are [UNK] to WordPiece (tokenizer._MAX_CHARS_PER_WORD)

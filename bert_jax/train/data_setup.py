@@ -14,10 +14,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import dataset
+from bert_jax.data import dataset
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.settings import DataSettings
-from bert_jax.tokenizer import VOCAB_FILE, Tokenizer
+from bert_jax.data.tokenizer import VOCAB_FILE, Tokenizer
 
 
 def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
-from bert_jax import pretraining_data
+from bert_jax.data import pretraining_data
 
 TOKENIZER_DIR = "tokenizer"
 SETTINGS_FILE = "settings.json"

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.errors import ConfigError, CorpusError
-from bert_jax.pretraining_data import FEATURES, Batch
+from bert_jax.data.pretraining_data import FEATURES, Batch
 
 
 def _check_hosts(global_batch_size: int, process_index: int, process_count: int) -> int:

@@ -1,7 +1,7 @@
 """Feature extraction: hidden states and pooled vectors from a checkpoint.
 
 Restores only the params of a bert-jax checkpoint (trained by train.py or
-imported by bert_jax.convert), on whatever devices this machine has, and runs
+imported by bert_jax.io.convert), on whatever devices this machine has, and runs
 the encoder over texts in batches sharded over the data axis of `sharding`'s mesh:
 
   ex = Extractor.from_checkpoint("runs/tiny", max_length=128)
@@ -19,7 +19,7 @@ Poolings: "cls" the [CLS] vector, "mean" the average over real tokens
 (last layer only), "none" every real token.
 
 The command line (`python -m bert_jax.features --help`, reading the input file and
-writing .npy/.npz outputs) is bert_jax.features_cli.
+writing .npy/.npz outputs) is bert_jax.features.cli, run by bert_jax/features/__main__.py.
 
 This module never imports the optimizer or the trainer.
 
@@ -42,10 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from bert_jax import checkpointing, sharding
+from bert_jax.dist import sharding
+from bert_jax.io import checkpointing
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.model import BertConfig, BertModel, abstract_params
-from bert_jax.tokenizer import Tokenizer
+from bert_jax.model.config import BertConfig
+from bert_jax.model.bert import BertModel, abstract_params
+from bert_jax.data.tokenizer import Tokenizer
 
 POOLINGS = ("cls", "mean", "pooler", "none")
 DTYPES = ("float32", "bfloat16")
@@ -268,7 +270,7 @@ class Extractor:
     for key in ("model_config", "vocab", "lowercase"):
       if key not in meta:
         raise CheckpointError(f"checkpoint {path}: its meta has no '{key}'; expected a "
-                              "checkpoint written by train.py or bert_jax.convert")
+                              "checkpoint written by train.py or bert_jax.io.convert")
     try:
       config = BertConfig.from_dict(meta["model_config"]).validate()
     except (TypeError, ValueError) as e:
@@ -425,8 +427,3 @@ class Extractor:
         segment_ids=[np.asarray(x, np.int32) for x in enc.segments],
         pooled_NxYxD=pooled, hidden_TxYxD=hidden, num_truncated=enc.num_truncated,
         seconds=time.perf_counter() - start, num_compiled=num_compiled)
-
-
-if __name__ == "__main__":
-  from bert_jax import features_cli  # the CLI imports this module, so only here
-  features_cli.cli()

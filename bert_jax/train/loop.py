@@ -25,14 +25,17 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from bert_jax import console, flops, input_pipeline, sharding
-from bert_jax.dataset import Prepared
+from bert_jax import console
+from bert_jax.data import input_pipeline
+from bert_jax.dist import sharding
+from bert_jax.model import flops
+from bert_jax.data.dataset import Prepared
 from bert_jax.errors import NonFiniteError, Preempted
-from bert_jax.preemption import StopSignals
-from bert_jax.reporting import Reporter
-from bert_jax.resume import RunCheckpoints, RunState
+from bert_jax.train.preemption import StopSignals
+from bert_jax.train.reporting import Reporter
+from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.settings import Phase, Settings
-from bert_jax.steps import TrainSteps, summarize
+from bert_jax.train.steps import TrainSteps, summarize
 
 
 class TrainLoop:
@@ -166,6 +169,7 @@ class TrainLoop:
     if (line := self.summary()) is not None:
       console.log(line)
 
+  # long: the hot loop; its timing, logging, checkpoint and eval points share local state
   def _train_phase(self, phase: Phase, bar: tqdm) -> None:
     run, st, B = self.s.run, self.state, self.s.train.batch_size
     num_steps = self.s.train.num_steps

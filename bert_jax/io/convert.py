@@ -1,8 +1,8 @@
 """Import HuggingFace / google-research BERT checkpoints into bert-jax, and export back.
 
-  python -m bert_jax.convert from-hf HF_DIR OUT_DIR [--no-heads] [--overwrite]
-  python -m bert_jax.convert from-tf TF_DIR OUT_DIR [--no-heads] [--overwrite]
-  python -m bert_jax.convert to-hf CKPT OUT_HF_DIR [--step N] [--overwrite]
+  python -m bert_jax.io.convert from-hf HF_DIR OUT_DIR [--no-heads] [--overwrite]
+  python -m bert_jax.io.convert from-tf TF_DIR OUT_DIR [--no-heads] [--overwrite]
+  python -m bert_jax.io.convert to-hf CKPT OUT_HF_DIR [--step N] [--overwrite]
 
 An imported checkpoint is an Orbax params-only checkpoint (`OUT_DIR/checkpoints/0/`)
 that `checkpointing.restore_params(OUT_DIR)` reads; its meta holds the model
@@ -11,7 +11,7 @@ config, vocabulary, lowercase flag, source and which heads were imported.
 This module owns the files: reading HF / TensorFlow sources, writing the
 checkpoint or the HF directory atomically, and the command line. The pure
 name/shape mapping between HF tensors and our params, and the config
-translation, are bert_jax.hf_weights.
+translation, are bert_jax.io.hf_weights.
 
 Loading never executes code from a file: safetensors by default, a pickled
 `pytorch_model.bin` only through `torch.load(..., weights_only=True)`.
@@ -34,20 +34,20 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import checkpointing
+from bert_jax.io import checkpointing
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.hf_weights import (ENCODER, GROUP_NAMES, POOLER, TF_IGNORED, ConvertError,
+from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, POOLER, TF_IGNORED, ConvertError,
                                  ImportReport, bert_config_from_hf, hf_config_from_bert,
                                  hf_state_to_params, params_to_hf_state, tf_to_hf)
-from bert_jax.model import BertConfig
-from bert_jax.tokenizer import Tokenizer
+from bert_jax.model.config import BertConfig
+from bert_jax.data.tokenizer import Tokenizer
 
 
 # ----------------------------------------------------------------------------
 # Reading sources
 
 
-def _read_json(path: str, what: str) -> dict:
+def read_json(path: str, what: str) -> dict:
   if not os.path.isfile(path):
     raise ConfigError(f"{path}: no such file (expected the {what})")
   try:
@@ -101,7 +101,7 @@ def load_hf_weights(hf_dir: str) -> tuple[dict[str, np.ndarray], str]:
   if os.path.isfile(single):
     return _load_safetensors(single), single
   if os.path.isfile(index):
-    weight_map = _read_json(index, "safetensors index").get("weight_map")
+    weight_map = read_json(index, "safetensors index").get("weight_map")
     if not isinstance(weight_map, dict):
       raise ConvertError(f"{index}: expected a 'weight_map' object")
     state: dict[str, np.ndarray] = {}
@@ -114,13 +114,13 @@ def load_hf_weights(hf_dir: str) -> tuple[dict[str, np.ndarray], str]:
                      "model.safetensors.index.json or pytorch_model.bin)")
 
 
-def _lowercase(directory: str, hf_config: Mapping, override: Optional[bool]) -> tuple[bool, str]:
+def resolve_lowercase(directory: str, hf_config: Mapping, override: Optional[bool]) -> tuple[bool, str]:
   """do_lower_case and where it came from."""
   if override is not None:
     return override, "from the command line"
   tok_config = os.path.join(directory, "tokenizer_config.json")
   if os.path.isfile(tok_config):
-    value = _read_json(tok_config, "tokenizer config").get("do_lower_case")
+    value = read_json(tok_config, "tokenizer config").get("do_lower_case")
     if isinstance(value, bool):
       return value, "do_lower_case in tokenizer_config.json"
   name = f"{hf_config.get('_name_or_path', '')} {os.path.basename(directory)}".lower()
@@ -131,7 +131,7 @@ def _lowercase(directory: str, hf_config: Mapping, override: Optional[bool]) -> 
   return True, "default (no tokenizer_config.json or cased/uncased in the name)"
 
 
-def _vocab(directory: str, config: BertConfig, lowercase: bool,
+def read_vocab(directory: str, config: BertConfig, lowercase: bool,
            config_file: str) -> Tokenizer:
   path = os.path.join(directory, "vocab.txt")
   if not os.path.isfile(path):
@@ -195,10 +195,10 @@ def import_hf(hf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = F
   """Imports a HuggingFace BERT directory; returns the checkpoint's meta."""
   hf_dir = _check_dir(hf_dir, "HuggingFace model")
   config_path = os.path.join(hf_dir, "config.json")
-  hf_config = _read_json(config_path, "model config")
+  hf_config = read_json(config_path, "model config")
   config = bert_config_from_hf(hf_config, config_path)
-  lower, lower_from = _lowercase(hf_dir, hf_config, lowercase)
-  tokenizer = _vocab(hf_dir, config, lower, config_path)
+  lower, lower_from = resolve_lowercase(hf_dir, hf_config, lowercase)
+  tokenizer = read_vocab(hf_dir, config, lower, config_path)
   state, weights_file = load_hf_weights(hf_dir)
   params, report = hf_state_to_params(state, config, source=weights_file, heads=heads, seed=seed)
   meta = _meta(config, tokenizer, lower_from, f"huggingface:{hf_dir}", report)
@@ -206,7 +206,7 @@ def import_hf(hf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = F
   return meta
 
 
-def _tf_checkpoint_prefix(tf_dir: str) -> str:
+def tf_checkpoint_prefix(tf_dir: str) -> str:
   preferred = os.path.join(tf_dir, "bert_model.ckpt")
   if os.path.isfile(preferred + ".index"):
     return preferred
@@ -218,7 +218,7 @@ def _tf_checkpoint_prefix(tf_dir: str) -> str:
   return max(prefixes, key=step)  # the newest of model.ckpt-N
 
 
-def _load_tf_checkpoint(prefix: str) -> dict[str, np.ndarray]:
+def load_tf_checkpoint(prefix: str) -> dict[str, np.ndarray]:
   try:
     import tensorflow as tf  # optional: only for google-research checkpoints
   except ImportError:
@@ -244,12 +244,12 @@ def import_tf(tf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = F
   config_path = os.path.join(tf_dir, "bert_config.json")
   if not os.path.isfile(config_path) and os.path.isfile(os.path.join(tf_dir, "config.json")):
     config_path = os.path.join(tf_dir, "config.json")
-  hf_config = _read_json(config_path, "model config")
+  hf_config = read_json(config_path, "model config")
   config = bert_config_from_hf(hf_config, config_path)
-  lower, lower_from = _lowercase(tf_dir, hf_config, lowercase)
-  tokenizer = _vocab(tf_dir, config, lower, config_path)
-  prefix = prefix or _tf_checkpoint_prefix(tf_dir)
-  state = tf_to_hf(_load_tf_checkpoint(prefix))
+  lower, lower_from = resolve_lowercase(tf_dir, hf_config, lowercase)
+  tokenizer = read_vocab(tf_dir, config, lower, config_path)
+  prefix = prefix or tf_checkpoint_prefix(tf_dir)
+  state = tf_to_hf(load_tf_checkpoint(prefix))
   params, report = hf_state_to_params(state, config, source=prefix, heads=heads, seed=seed)
   meta = _meta(config, tokenizer, lower_from, f"tensorflow:{prefix}", report)
   meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta)
@@ -322,7 +322,7 @@ def _print_import(meta: dict, heads: bool) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m bert_jax.convert", description=__doc__.split(
+  p = argparse.ArgumentParser(prog="python -m bert_jax.io.convert", description=__doc__.split(
       "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
   for name, src in (("from-hf", "HF_DIR"), ("from-tf", "TF_DIR")):

@@ -1,6 +1,6 @@
 """Text files of a corpus: checks, streamed reading with repair, plain and tab parsing.
 
-Owns everything bert_jax.corpus does with a text file: the one-line CorpusError
+Owns everything bert_jax.data.corpus does with a text file: the one-line CorpusError
 for input that cannot be meant as text (missing, a directory, a symlink loop,
 compressed, UTF-16, binary, empty or only blank lines), reading in 1 MiB
 blocks, and `CorpusStats`, which counts what was repaired: bytes that are not

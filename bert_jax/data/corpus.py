@@ -8,7 +8,7 @@ sorted order), or a TFDS dataset stored as array_record
 are read in 1 MiB blocks.
 
 Reading text files (the checks, the repair of odd input counted in
-`CorpusStats`, plain and tab parsing) is bert_jax.corpus_files; this module
+`CorpusStats`, plain and tab parsing) is bert_jax.data.corpus_files; this module
 owns the sources: which files a spec names, the built-in corpus, TFDS, and
 splitting prose into sentences.
 """
@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterator
 from pydoc_data.topics import topics
 
-from bert_jax.corpus_files import (CONTROL_CHARS, CorpusStats, check_file, detect_format,
+from bert_jax.data.corpus_files import (CONTROL_CHARS, CorpusStats, check_file, detect_format,
                                    file_documents)
 from bert_jax.errors import ConfigError, CorpusError
 

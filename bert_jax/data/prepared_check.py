@@ -14,9 +14,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bert_jax import corpus
+from bert_jax.data import corpus
 from bert_jax.errors import BertJaxError, ConfigError, CorpusError
-from bert_jax.example_store import (INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE,
+from bert_jax.data.example_store import (INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE,
                                     TOKENIZER_DIR, shard_path, write_json)
 
 

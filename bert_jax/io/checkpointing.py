@@ -95,6 +95,7 @@ def _checkpoint_root(path: str) -> tuple[str, Optional[int]]:
   return path, None
 
 
+# long: the given-step and fallback paths share one failure classification
 def restore_params(path: str, step: Optional[int] = None,
                    sharding: Optional[jax.sharding.Sharding] = None) -> tuple[Any, dict]:
   """Restores only the params (no optimizer state) and the meta of a checkpoint.
@@ -121,7 +122,7 @@ def restore_params(path: str, step: Optional[int] = None,
           f"checkpoint {root}: no step{'' if step is None else f' {step}'} found "
           f"(have {sorted(steps)}); "
           + ("expected one of them" if steps else
-             "expected a checkpoint written by train.py or bert_jax.convert"))
+             "expected a checkpoint written by train.py or bert_jax.io.convert"))
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     if step is not None:
       try:

@@ -13,11 +13,13 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-from bert_jax import checkpointing, console, sharding
+from bert_jax import console
+from bert_jax.dist import sharding
+from bert_jax.io import checkpointing
 from bert_jax.errors import BertJaxError, CheckpointError, NonFiniteError
-from bert_jax.model import BertConfig
+from bert_jax.model.config import BertConfig
 from bert_jax.settings import Phase
-from bert_jax.steps import TrainSteps
+from bert_jax.train.steps import TrainSteps
 
 # May change between runs without changing the parameters.
 _FREE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "remat", "dropout_rng")

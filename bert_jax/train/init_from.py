@@ -5,7 +5,7 @@ PATH is one of
     index / pytorch_model.bin, vocab.txt),
   - a google-research/bert TensorFlow checkpoint directory (bert_config.json,
     vocab.txt, bert_model.ckpt.*; needs TensorFlow),
-  - a checkpoint written by `python -m bert_jax.convert from-hf/from-tf`,
+  - a checkpoint written by `python -m bert_jax.io.convert from-hf/from-tf`,
   - a bert-jax workdir, its checkpoints/ folder or one step folder
     (PATH/checkpoints/<step>); the newest step unless one is named.
 
@@ -18,7 +18,7 @@ flag set to another value (settings.InitSettings.overrides) is one error line.
 pooler and heads initialised when absent, as `convert` does), extended by
 `vocab_extension` if asked, and a fresh optimizer state.
 
-The readers are bert_jax.convert's and the tensor mapping bert_jax.hf_weights':
+The readers are bert_jax.io.convert's and the tensor mapping bert_jax.io.hf_weights':
 every source becomes a HuggingFace state dict, then our parameters.
 """
 
@@ -34,13 +34,15 @@ from typing import Any, Iterator, Optional
 
 import jax
 
-from bert_jax import checkpointing, console, convert, corpus, dataset, vocab_extension
+from bert_jax import console
+from bert_jax.data import corpus, dataset, vocab_extension
+from bert_jax.io import checkpointing, convert
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.hf_weights import (ENCODER, GROUP_NAMES, bert_config_from_hf, hf_state_to_params,
+from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, bert_config_from_hf, hf_state_to_params,
                                  params_to_hf_state)
-from bert_jax.model import BertConfig
+from bert_jax.model.config import BertConfig
 from bert_jax.settings import SOURCE_MODEL_FIELDS, DataSettings, Settings
-from bert_jax.tokenizer import Tokenizer
+from bert_jax.data.tokenizer import Tokenizer
 
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -70,8 +72,8 @@ class Source:
     if self.kind == "huggingface":
       return convert.load_hf_weights(self.path)[0]
     if self.kind == "tensorflow":
-      return convert.tf_to_hf(convert._load_tf_checkpoint(  # pylint: disable=protected-access
-          convert._tf_checkpoint_prefix(self.path)))  # pylint: disable=protected-access
+      return convert.tf_to_hf(convert.load_tf_checkpoint(
+          convert.tf_checkpoint_prefix(self.path)))
     return params_to_hf_state(jax.device_get(self._params), self.config)
 
 
@@ -82,7 +84,7 @@ def _flag(path: str) -> str:
 def _kind(path: str) -> str:
   if not os.path.exists(path):
     raise ConfigError(f"{_flag(path)}: no such file or directory; expected a HuggingFace or "
-                      "TensorFlow BERT directory, a bert_jax.convert checkpoint or a bert-jax "
+                      "TensorFlow BERT directory, a bert_jax.io.convert checkpoint or a bert-jax "
                       "workdir")
   if os.path.isdir(path):
     has = lambda name: os.path.exists(os.path.join(path, name))
@@ -96,7 +98,7 @@ def _kind(path: str) -> str:
   raise ConfigError(
       f"{_flag(path)}: not a recognised BERT source; expected a HuggingFace directory "
       f"(config.json and {' or '.join(HF_WEIGHTS)}), a google-research/bert checkpoint directory "
-      "(bert_config.json, bert_model.ckpt.*), a bert_jax.convert checkpoint or a bert-jax workdir "
+      "(bert_config.json, bert_model.ckpt.*), a bert_jax.io.convert checkpoint or a bert-jax workdir "
       "(or its checkpoints/<step>)")
 
 
@@ -105,10 +107,10 @@ def _read_hf_like(path: str, kind: str) -> Source:
   names = ("config.json",) if kind == "huggingface" else ("bert_config.json", "config.json")
   config_path = next((os.path.join(path, n) for n in names
                       if os.path.isfile(os.path.join(path, n))), os.path.join(path, names[0]))
-  hf_config = convert._read_json(config_path, "model config")  # pylint: disable=protected-access
+  hf_config = convert.read_json(config_path, "model config")
   config = bert_config_from_hf(hf_config, config_path)
-  lower, lower_from = convert._lowercase(path, hf_config, None)  # pylint: disable=protected-access
-  tokenizer = convert._vocab(path, config, lower, config_path)  # pylint: disable=protected-access
+  lower, lower_from = convert.resolve_lowercase(path, hf_config, None)
+  tokenizer = convert.read_vocab(path, config, lower, config_path)
   return Source(path, kind, config, tokenizer, lower_from)
 
 
@@ -117,7 +119,7 @@ def _read_bert_jax(path: str) -> Source:
   for field in ("model_config", "vocab", "lowercase"):
     if field not in meta:
       raise ConfigError(f"checkpoint meta has no {field!r}; expected a checkpoint written by "
-                        "train.py or bert_jax.convert")
+                        "train.py or bert_jax.io.convert")
   config = dataclasses.replace(BertConfig.from_dict(meta["model_config"]), dtype="float32")
   tokenizer = Tokenizer(meta["vocab"], bool(meta["lowercase"]), source="checkpoint meta vocab")
   return Source(path, "bert-jax", config.validate(), tokenizer,
@@ -167,8 +169,8 @@ def data_settings(s: Settings, source: Source) -> Iterator[tuple[DataSettings, A
   """
   tok, ext = source.tokenizer, None
   if s.init.extend_vocab:
-    docs = dataset._documents(s.data, s.run.seed, corpus.CorpusStats())  # pylint: disable=protected-access
-    texts = dataset._vocab_sample(docs, s.data.vocab_sample_bytes)  # pylint: disable=protected-access
+    docs = dataset.documents(s.data, s.run.seed, corpus.CorpusStats())
+    texts = dataset.vocab_sample(docs, s.data.vocab_sample_bytes)
     ext = vocab_extension.learn(tok, texts, s.init.extend_vocab)
     console.log(f"init_from: vocabulary: {ext.describe(tok.vocab_size)}")
     tok = vocab_extension.extended_tokenizer(tok, ext)
@@ -184,7 +186,7 @@ def initial_params(source: Source, config: BertConfig, ext, seed: int) -> tuple[
     state = vocab_extension.extend_hf_state(state, ext)
   params, report = hf_state_to_params(state, config, source=source.path, heads=True, seed=seed)
   groups = dict(report.groups)
-  if source.heads:  # a bert_jax.convert checkpoint: what its own import did
+  if source.heads:  # a bert_jax.io.convert checkpoint: what its own import did
     groups = {g: ("initialised at its import" if source.heads.get(g) == "initialised" else v)
               for g, v in groups.items()}
   return params, groups
@@ -205,7 +207,7 @@ def initial_state(source: Source, steps, ext, seed: int) -> tuple[Any, Any]:
 
 def log_start(loop, reporter) -> None:
   """Evaluates the starting model on the eval split and logs it as step 0."""
-  from bert_jax.loop import describe_eval, with_stderr  # pylint: disable=import-outside-toplevel
+  from bert_jax.train.loop import describe_eval, with_stderr  # pylint: disable=import-outside-toplevel
   ev = with_stderr(loop.evaluate(loop.s.train.phases[0]))
   reporter.write("eval", 0, ev)
   console.log(f"eval @ 0 (the model of --config.init_from, before training): "

@@ -58,16 +58,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from bert_jax import corpus
-from bert_jax import pretraining_data
+from bert_jax.data import corpus
+from bert_jax.data import pretraining_data
 from bert_jax.errors import ConfigError, CorpusError
-from bert_jax.example_store import (  # noqa: F401  (re-exported: the data's public names)
+from bert_jax.data.example_store import (  # noqa: F401  (re-exported: the data's public names)
     HEADER, INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE, TOKENIZER_DIR, ExampleSource,
     seq_dir, shard_path, write_json)
-from bert_jax.prepared_check import (  # noqa: F401
+from bert_jax.data.prepared_check import (  # noqa: F401
     PreparedDataError, check_corpus_unchanged, check_seq_dir, is_complete, writable,
     write_manifest)
-from bert_jax.tokenizer import Tokenizer
+from bert_jax.data.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # settings imports the model (JAX); data code does not
   from bert_jax.settings import DataSettings
@@ -242,7 +242,7 @@ def _hash(obj: Any) -> str:
 # --- documents: split, vocabulary, tokens ---
 
 
-def _documents(c: DataSettings, seed: int,
+def documents(c: DataSettings, seed: int,
                stats: corpus.CorpusStats) -> Iterator[tuple[bool, list[str]]]:
   """(is_eval, document) for the whole corpus, in corpus order."""
   docs = corpus.read_documents(c.corpus, c.format, c.max_documents, stats=stats)
@@ -299,11 +299,11 @@ def make_tokenizer(c: DataSettings, seed: int) -> Tokenizer:
     return Tokenizer.from_vocab_file(c.vocab_file, c.lowercase)
   # Train split only: the eval text must stay unseen, vocabulary included.
   def texts() -> Iterator[str]:  # read twice by Tokenizer.train, streamed both times
-    return _vocab_sample(_documents(c, seed, corpus.CorpusStats()), c.vocab_sample_bytes)
+    return vocab_sample(documents(c, seed, corpus.CorpusStats()), c.vocab_sample_bytes)
   return Tokenizer.train(texts, c.vocab_size, c.lowercase)
 
 
-def _vocab_sample(docs: Iterator[tuple[bool, list[str]]], max_chars: int) -> Iterator[str]:
+def vocab_sample(docs: Iterator[tuple[bool, list[str]]], max_chars: int) -> Iterator[str]:
   """Training sentences until `max_chars` of text; reading stops there."""
   n = 0
   for is_eval, doc in docs:
@@ -391,6 +391,7 @@ def _window(docs: list[tuple[np.ndarray, list[int]]]) -> pretraining_data.Window
 # --- examples -> records ---
 
 
+# long: one streaming pass from documents to records (docs/ARCHITECTURE.md)
 def _write_examples(c: DataSettings, tokenizer: Tokenizer,
                     out_dirs: dict[int, str], seed: int) -> dict:
   """One streaming pass: every seq_len's train and eval records; returns the stats."""
@@ -435,7 +436,7 @@ def _write_examples(c: DataSettings, tokenizer: Tokenizer,
           break
 
   try:
-    docs = _documents(c, seed, corpus_stats)
+    docs = documents(c, seed, corpus_stats)
     for is_eval, ids, lengths in _tokenized(docs, tokenizer, pairs, counts):
       split = "eval" if is_eval else "train"
       if split == "eval" and cap and all(writers[(l, "eval")].count >= cap for l in seq_lens):

@@ -7,7 +7,7 @@ with attention projections split into heads. Also the translation of configs
 directions (`hf_state_to_params` assembles imported tensors into params,
 initialising missing heads), and the renaming of google-research TensorFlow
 variables to HF names (`tf_to_hf`). No files are read or written here: that is
-bert_jax.convert.
+bert_jax.io.convert.
 
 Shape legend: V vocab (Vp padded), D hidden, H heads, K head size (D / H),
 F intermediate, P max positions, T token types.
@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.model import BertConfig, abstract_params
+from bert_jax.model.config import BertConfig
+from bert_jax.model.bert import abstract_params
 
 # Parameter groups: the encoder must be complete; the others may be initialised.
 ENCODER, POOLER, MLM, NSP = "encoder", "pooler", "mlm", "nsp"
@@ -244,6 +245,7 @@ class ImportReport:
   ignored: list  # source names not used (buffers, tied copies, other heads)
 
 
+# long: one line per HF tensor group of the name table, in the model's order
 def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig, *, source: str,
                        heads: bool = True, seed: int = 0) -> tuple[dict, ImportReport]:
   """Maps a HF BERT state dict (BertModel or BertForPreTraining names) to our params.

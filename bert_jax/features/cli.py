@@ -2,7 +2,7 @@
 
 Owns argument parsing and checking, reading the input text file (one input
 per line) and writing the output files; the extraction itself is
-`bert_jax.features.Extractor`.
+`bert_jax.features.extract.Extractor`.
 
   --output X.npy  pooled features: float32 [N, Y, D], row i = input line i.
   --output X.npz  per-token features (--pooling none), inputs concatenated:
@@ -29,8 +29,8 @@ import jax
 import numpy as np
 
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.features import DTYPES, POOLINGS, Extractor, Features
-from bert_jax.tokenizer import CLS, SEP
+from bert_jax.features.extract import DTYPES, POOLINGS, Extractor, Features
+from bert_jax.data.tokenizer import CLS, SEP
 
 
 class InputFileError(BertJaxError):

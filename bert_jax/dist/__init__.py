@@ -1,0 +1,1 @@
+"""Devices and processes: mesh and shardings, multi-process start-up and its guards."""

@@ -1,0 +1,1 @@
+"""Feature extraction from a checkpoint (`python -m bert_jax.features`)."""

@@ -1,0 +1,1 @@
+"""Weights on disk: Orbax checkpoints, HuggingFace / TF weights, conversion."""

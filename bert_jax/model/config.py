@@ -1,0 +1,87 @@
+"""The model's shape and numerics as plain data: no JAX, no Flax.
+
+Settings, data and checkpoint code read and check it without importing the model.
+"""
+
+import dataclasses
+from typing import Any
+
+from bert_jax.errors import ConfigError
+
+# Compute dtypes by name (jax.numpy is imported only when a dtype object is asked for).
+_DTYPES = ("float32", "bfloat16", "float16")
+_DROPOUT_RNGS = ("hash", "threefry")
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  vocab_size: int  # real vocabulary size (tokenizer)
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  layer_norm_eps: float = 1e-12
+  initializer_range: float = 0.02
+  gelu_approximate: bool = False
+  vocab_pad_multiple: int = 1
+  # Compute dtype; parameters, LayerNorm, softmax and losses are always float32.
+  # 'float32': every matmul in float32 (the reference numerics).
+  # 'bfloat16' / 'float16': mixed mode: activations in that dtype, and every
+  # matmul (forward and both gradient dots) takes operands in that dtype and
+  # accumulates in float32 (bert_jax.model.precision). 'auto' is not a model dtype:
+  # resolve it first with bert_jax.model.precision.resolve_dtype.
+  dtype: str = "float32"
+  remat: bool = False
+  dropout_rng: str = "hash"  # 'hash' | 'threefry': how dropout draws its random bits
+
+  @property
+  def padded_vocab_size(self) -> int:
+    m = max(1, self.vocab_pad_multiple)
+    return -(-self.vocab_size // m) * m
+
+  @property
+  def compute_dtype(self) -> Any:
+    import jax.numpy as jnp  # here: the config itself is plain data, importable without JAX
+    return jnp.dtype(self.dtype)
+
+  @property
+  def mixed(self) -> bool:
+    """True when matmuls take compute-dtype operands and accumulate in float32."""
+    return self.dtype != "float32"
+
+  def validate(self) -> "BertConfig":
+    """Raises ConfigError for a config that cannot work."""
+    positive = ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                "intermediate_size", "max_position_embeddings", "type_vocab_size")
+    for name in positive:
+      value = getattr(self, name)
+      if not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"config.model.{name}={value!r}: expected a positive integer")
+    if self.hidden_size % self.num_heads:
+      raise ConfigError(
+          f"config.model.hidden_size={self.hidden_size} is not divisible by "
+          f"config.model.num_heads={self.num_heads}; expected heads of equal size")
+    for name in ("dropout_rate", "attention_dropout_rate"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)!r}: expected 0 <= rate < 1")
+    if self.dropout_rng not in _DROPOUT_RNGS:
+      raise ConfigError(f"config.model.dropout_rng={self.dropout_rng!r}: expected one of "
+                        f"{sorted(_DROPOUT_RNGS)}")
+    if self.dtype not in _DTYPES:
+      hint = (" ('auto' must be resolved first: bert_jax.model.precision.resolve_dtype)"
+              if self.dtype == "auto" else "")
+      raise ConfigError(f"config.model.dtype={self.dtype!r}: expected one of "
+                        f"{sorted(_DTYPES)}{hint}")
+    return self
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "BertConfig":
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)

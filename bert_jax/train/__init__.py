@@ -1,0 +1,1 @@
+"""A pre-training run's machinery: steps, loop, optimizer, resume, data set-up, reporting."""
