@@ -91,6 +91,6 @@ def compute(task: Task, predictions, labels) -> dict[str, float]:
   for name in task.metric_names:
     if name not in _METRICS:
       raise ValueError(f"unknown metric {name!r}; expected one of {', '.join(_METRICS)}")
-    # (y_true, y_pred), as scikit-learn orders them (F1 and MCC are not symmetric in general).
+    # (y_true, y_pred): scikit-learn's argument order.
     out[name] = _METRICS[name](labels, preds)
   return out
