@@ -356,3 +356,55 @@ def test_not_utf8_names_the_line(tmp_path):
 def test_unknown_task_names_the_choices(tmp_path):
   with pytest.raises(TaskError, match=r"'nope': no such directory.*word_order"):
     tasks.load_task("nope")
+
+
+# --- the shipped word_order task ---
+
+
+def _unswap(a, b):
+  """True when b is a with exactly one adjacent pair of different words swapped."""
+  a, b = a.split(), b.split()
+  diff = [i for i in range(len(a)) if i >= len(b) or a[i] != b[i]]
+  return (len(a) == len(b) and len(diff) == 2 and diff[1] == diff[0] + 1
+          and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+
+
+def test_word_order_is_balanced_split_by_sentence_and_swaps_one_adjacent_pair():
+  from bert_jax.eval import word_order
+  t = tasks.load_task("word_order")
+  sentences = word_order.read_sentences()
+  assert len(sentences) >= 400 and (t.name, t.labels) == ("word_order", ("original", "swapped"))
+  assert t.metric_names == ("accuracy",) and t.eval_splits == ("dev",)
+  originals = set(sentences)
+  seen = {}
+  for split in ("train", "dev"):
+    ex = t.splits[split]
+    assert abs(sum(e.label for e in ex) - len(ex) / 2) <= 0.5  # majority baseline 0.5
+    for e in ex:
+      if e.label == 0:
+        source = e.text_a
+        assert source in originals
+      else:
+        assert e.text_a not in originals  # never identical to a sentence
+        (source,) = [s for s in sentences if _unswap(s, e.text_a)]
+      assert source not in seen, "a sentence is used twice"
+      seen[source] = split
+  assert len(t.splits["dev"]) == round(0.3 * len(sentences)) and len(seen) == len(sentences)
+  # A pure function of the text and the seed.
+  assert word_order.build(sentences) == t
+  assert word_order.build(sentences, seed=1) != t
+
+
+def test_word_order_leaves_out_what_cannot_be_swapped_and_repeats():
+  from bert_jax.eval import word_order
+  t = word_order.build(["a b c", "x x x", "one", "a b c"] + [f"w{i} v{i}" for i in range(8)])
+  texts = [e.text_a for s in t.splits.values() for e in s]
+  assert len(texts) == 9 and not {"x x x", "one"} & set(texts)
+
+
+def test_heldout_text_shares_no_sentence_with_the_corpus():
+  from bert_jax.eval import word_order
+  corpus = os.path.join(os.path.dirname(word_order.HELDOUT), "..", "corpus.txt")
+  with open(corpus, encoding="utf-8") as f:
+    lines = {" ".join(l.split()) for l in f}
+  assert not lines & set(word_order.read_sentences())
