@@ -186,3 +186,46 @@ def test_bad_input_is_one_error_line_and_writes_nothing(data, capsys, tmp_path):
   mngr.wait_until_finished()
   mngr.close()
   assert "params" in _bad(["--checkpoint", no_params, "--task", task_dir], capsys, tmp_path)
+
+
+MNLI_HEAD = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+             "sentence1_parse\tsentence2_parse\tsentence1\tsentence2")
+MNLI_LABELS = ("contradiction", "entailment", "neutral")
+
+
+@pytest.mark.slow
+def test_mnli_layout_pairs_two_dev_splits_bfloat16(data, tmp_path):
+  """GLUE's MNLI files (sentence pairs; dev_matched and dev_mismatched) in mixed precision."""
+  _, ckpt, _, _ = data
+  rs = np.random.RandomState(2)
+  directory = tmp_path / "MNLI"
+  directory.mkdir()
+  for name, n, extra in (("train", 64, "\tlabel1\tgold_label"),
+                         ("dev_matched", 24, "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label"),
+                         ("dev_mismatched", 16, "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label")):
+    lines = [MNLI_HEAD + extra]
+    for i in range(n):
+      a, b = (" ".join(rs.choice(WORDS, size=rs.randint(2, 20))) for _ in range(2))
+      label = MNLI_LABELS[rs.randint(3)]
+      golds = "\t".join([label] * extra.count("label"))
+      lines.append(f"{i}\t{i}\t{i}n\tfiction\t( x )\t( y )\t(S x)\t(S y)\t{a}\t{b}\t{golds}")
+    (directory / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  task = tasks.load_task(str(directory))
+  assert task.eval_splits == ("dev_matched", "dev_mismatched")
+  # max_length 32: two buckets (16, 32), and the longest pairs are truncated.
+  recipe = finetune.Recipe(learning_rates=(1e-3,), seeds=(0,), epochs=1, batch_size=16,
+                           max_length=32, dtype="bfloat16")
+  tuner = finetune.FineTuner.from_checkpoint(ckpt, task, recipe)
+  assert tuner.config.dtype == "bfloat16" and tuner.steps_per_epoch >= 4
+  results = tuner.sweep(output_dir=None, progress=False)
+  metrics = results["runs"][0]["metrics"]
+  assert set(metrics) == {"dev_matched", "dev_mismatched"}
+  assert all(0.0 <= m["accuracy"] <= 1.0 for m in metrics.values())
+  assert np.isfinite(results["runs"][0]["train_loss"])
+  assert results["summary"]["selection"] == {"split": "dev_matched", "metric": "accuracy"}
+  table = finetune.format_table(results)
+  assert "dev_matched accuracy" in table and "dev_mismatched accuracy" in table
+  # Pairs use both segments: [CLS] A [SEP] B [SEP].
+  assert max(max(s) for s in tuner.train_split.segments) == 1
+  assert tuner.train_split.num_truncated > 0 and max(tuner.train_split.lengths_N) == 32
+  assert {L for _, L in tuner.compiled_lengths} == {16, 32}
