@@ -35,3 +35,7 @@ class Preempted(BertJaxError):
   def __init__(self, message: str, step: int, signum: int):
     super().__init__(message)
     self.step, self.signum = step, signum
+
+
+class TaskError(BertJaxError):
+  """A downstream task (GLUE or plain task directory, TFDS, built-in) that cannot be read."""

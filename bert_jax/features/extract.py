@@ -210,6 +210,45 @@ def _check_params(params: Any, config: BertConfig, where: str) -> None:
                           "for the model_config in its meta")
 
 
+def load_checkpoint(path: str, step: Optional[int] = None,
+                    expect_config: Optional[Mapping[str, Any]] = None,
+                    devices: Optional[Sequence[Any]] = None
+                    ) -> tuple[Any, BertConfig, Tokenizer, dict]:
+  """(encoder params, config, tokenizer, meta) of a workdir, checkpoints/ or step dir.
+
+  Only the params are restored (never the optimizer state), replicated over
+  `devices`; the BertModel tree is returned (a pre-training tree's heads are
+  dropped). `expect_config` (e.g. {"num_layers": 12}) must match the
+  checkpoint's model config field by field.
+  """
+  if os.path.isfile(path):
+    raise CheckpointError(f"checkpoint {path}: is a file; expected a checkpoint directory "
+                          "(a workdir, its checkpoints/ folder or a step folder)")
+  devices = list(jax.devices() if devices is None else devices)
+  replicated = sharding.replicated(sharding.make_mesh(1, devices))
+  params, meta = checkpointing.restore_params(path, step, sharding=replicated)
+  for key in ("model_config", "vocab", "lowercase"):
+    if key not in meta:
+      raise CheckpointError(f"checkpoint {path}: its meta has no '{key}'; expected a "
+                            "checkpoint written by train.py or bert_jax.io.convert")
+  try:
+    config = BertConfig.from_dict(meta["model_config"]).validate()
+  except (TypeError, ValueError) as e:
+    raise CheckpointError(f"checkpoint {path}: unreadable model_config in meta ({e})") from None
+  for key, want in (expect_config or {}).items():
+    if key not in meta["model_config"]:
+      raise ConfigError(f"expect_config: {key!r} is not a model config field "
+                        f"(fields: {', '.join(sorted(meta['model_config']))})")
+    if meta["model_config"][key] != want:
+      raise CheckpointError(f"checkpoint {path} has model {key}={meta['model_config'][key]!r} "
+                            f"but {want!r} was expected")
+  if isinstance(params, Mapping) and "bert" in params:
+    params = params["bert"]  # a BertForPreTraining tree: heads are not needed
+  _check_params(params, config, path)
+  tokenizer = Tokenizer(meta["vocab"], meta["lowercase"], source=f"checkpoint {path} vocab")
+  return params, config, tokenizer, meta
+
+
 class Extractor:
   """A BertModel with restored params, jitted once per padded length."""
 
@@ -261,31 +300,8 @@ class Extractor:
     `expect_config` (e.g. {"num_layers": 12}) must match the checkpoint's
     model config field by field.
     """
-    if os.path.isfile(path):
-      raise CheckpointError(f"checkpoint {path}: is a file; expected a checkpoint directory "
-                            "(a workdir, its checkpoints/ folder or a step folder)")
     devices = list(jax.devices() if devices is None else devices)
-    replicated = sharding.replicated(sharding.make_mesh(1, devices))
-    params, meta = checkpointing.restore_params(path, step, sharding=replicated)
-    for key in ("model_config", "vocab", "lowercase"):
-      if key not in meta:
-        raise CheckpointError(f"checkpoint {path}: its meta has no '{key}'; expected a "
-                              "checkpoint written by train.py or bert_jax.io.convert")
-    try:
-      config = BertConfig.from_dict(meta["model_config"]).validate()
-    except (TypeError, ValueError) as e:
-      raise CheckpointError(f"checkpoint {path}: unreadable model_config in meta ({e})") from None
-    for key, want in (expect_config or {}).items():
-      if key not in meta["model_config"]:
-        raise ConfigError(f"expect_config: {key!r} is not a model config field "
-                          f"(fields: {', '.join(sorted(meta['model_config']))})")
-      if meta["model_config"][key] != want:
-        raise CheckpointError(f"checkpoint {path} has model {key}={meta['model_config'][key]!r} "
-                              f"but {want!r} was expected")
-    if isinstance(params, Mapping) and "bert" in params:
-      params = params["bert"]  # a BertForPreTraining tree: heads are not needed
-    _check_params(params, config, path)
-    tokenizer = Tokenizer(meta["vocab"], meta["lowercase"], source=f"checkpoint {path} vocab")
+    params, config, tokenizer, _ = load_checkpoint(path, step, expect_config, devices)
     return cls(params, config, tokenizer, dtype=dtype, max_length=max_length,
                batch_size=batch_size, devices=devices)
 

@@ -7,6 +7,8 @@
 An imported checkpoint is an Orbax params-only checkpoint (`OUT_DIR/checkpoints/0/`)
 that `checkpointing.restore_params(OUT_DIR)` reads; its meta holds the model
 config, vocabulary, lowercase flag, source and which heads were imported.
+A fine-tuned checkpoint (`python -m bert_jax.finetune --save`) exports as a
+BertForSequenceClassification (its meta's `classifier`: labels, problem type).
 
 This module owns the files: reading HF / TensorFlow sources, writing the
 checkpoint or the HF directory atomically, and the command line. The pure
@@ -283,7 +285,7 @@ def export_hf(ckpt: str, out_dir: str, step: Optional[int] = None,
                 "model_max_length": config.max_position_embeddings, **specials}
   with _atomic_output_dir(out_dir, overwrite) as tmp:
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    for name, obj in (("config.json", hf_config_from_bert(config)),
+    for name, obj in (("config.json", hf_config_from_bert(config, meta.get("classifier"))),
                       ("tokenizer_config.json", tok_config),
                       ("special_tokens_map.json", specials)):
       with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:

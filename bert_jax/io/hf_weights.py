@@ -19,7 +19,7 @@ import dataclasses
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax
@@ -208,8 +208,21 @@ def bert_config_from_hf(hf: Mapping, source: str) -> BertConfig:
     raise ConfigError(f"{source}: {e}".replace("config.model.", "")) from None
 
 
-def hf_config_from_bert(config: BertConfig) -> dict:
-  """The `config.json` of a transformers BertForPreTraining with `config`'s settings."""
+def hf_config_from_bert(config: BertConfig, classifier: Optional[Mapping] = None) -> dict:
+  """The `config.json` of a transformers BertForPreTraining with `config`'s settings.
+
+  With `classifier` (a fine-tuned checkpoint's meta["classifier"]: num_labels,
+  labels, problem_type): a BertForSequenceClassification's instead.
+  """
+  head = {}
+  if classifier is not None:
+    n = int(classifier["num_labels"])
+    names = list(classifier.get("labels") or [f"LABEL_{i}" for i in range(n)])
+    head = {"architectures": ["BertForSequenceClassification"], "num_labels": n,
+            "id2label": {str(i): name for i, name in enumerate(names)},
+            "label2id": {name: i for i, name in enumerate(names)},
+            "problem_type": classifier["problem_type"],
+            "classifier_dropout": classifier.get("dropout")}
   return {
       "architectures": ["BertForPreTraining"], "model_type": "bert",
       "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
@@ -222,7 +235,7 @@ def hf_config_from_bert(config: BertConfig) -> dict:
       "type_vocab_size": config.type_vocab_size,
       "initializer_range": config.initializer_range, "layer_norm_eps": config.layer_norm_eps,
       "pad_token_id": 0, "position_embedding_type": "absolute",
-      "tie_word_embeddings": True, "torch_dtype": "float32",
+      "tie_word_embeddings": True, "torch_dtype": "float32", **head,
   }
 
 
@@ -339,9 +352,14 @@ def params_to_hf_state(params: Mapping, config: BertConfig) -> dict[str, np.ndar
   """Our BertForPreTraining params (or their gradients) as a HF state dict.
 
   The padded vocabulary is cut back to `config.vocab_size`. The result is what
-  `transformers.BertForPreTraining` holds, minus the tied decoder weight.
+  `transformers.BertForPreTraining` holds, minus the tied decoder weight. A
+  fine-tuned tree (bert + classifier, bert_jax.eval.finetune) gives what
+  `transformers.BertForSequenceClassification` holds: `classifier.weight/bias`.
   """
   spec = _spec(config)
+  classifier = isinstance(params, Mapping) and "classifier" in params
+  if classifier:  # no pre-training heads; the encoder and pooler as always
+    spec = [t for t in spec if t.group in (ENCODER, POOLER)]
   abstract = _abstract_params(config)
   out = {}
   for t in spec:
@@ -355,6 +373,10 @@ def params_to_hf_state(params: Mapping, config: BertConfig) -> dict[str, np.ndar
       raise ConvertError(f"checkpoint param {'/'.join(t.path)} has shape {tuple(np.shape(x))}; "
                          f"its model_config expects {want}")
     out[t.hf] = _to_hf(t, np.asarray(x))
+  if classifier:  # ours: kernel [D, C]; HF's Linear: weight [C, D]
+    kernel_DxC = np.asarray(params["classifier"]["kernel"], np.float32)
+    out["classifier.weight"] = np.ascontiguousarray(kernel_DxC.T)
+    out["classifier.bias"] = np.asarray(params["classifier"]["bias"], np.float32)
   return out
 
 

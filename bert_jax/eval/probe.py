@@ -1,0 +1,100 @@
+"""Linear probe of a model's features on a task: how much of the task is linearly readable?
+
+  ex = Extractor.from_checkpoint("runs/tiny")            # or Extractor(params, config, tokenizer)
+  probe(ex, tasks.load_task("word_order"))
+  -> {"word_order/accuracy": 0.71, "C": 1.0, "seconds": 1.2, "num_train": 287}
+
+Features are `Extractor.extract` pooled vectors of each split (several layers
+are concatenated); a classification task gets an L2 logistic regression, a
+regression task ridge regression (bert_jax.eval.logreg), the penalty picked
+on a held-out 20% of train by the task's first metric, then refit on all of
+train. The task's metrics (bert_jax.eval.metrics) are reported on each eval
+split: `<task>/<metric>`, or `<task>/<split>/<metric>` when there are several
+(MNLI's dev_matched and dev_mismatched).
+
+From a training loop, keep one Extractor (its compiled programs are reused)
+and hand it the current parameters with `set_params` before each probe.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from bert_jax.errors import ConfigError, TaskError
+from bert_jax.eval import logreg, metrics, tasks
+from bert_jax.eval.tasks import REGRESSION, Example, Task
+from bert_jax.features.extract import Extractor
+
+
+def set_params(extractor: Extractor, params: Any) -> None:
+  """Gives `extractor` new parameters of the same shapes (e.g. the trainer's current ones).
+
+  `params` is the BertModel tree (a pre-training tree's params["bert"]); its
+  compiled programs stay valid.
+  """
+  extractor.params = jax.device_put(params, extractor._replicated)
+
+
+def _subset(examples: list[Example], max_examples: Optional[int], seed: int) -> list[Example]:
+  """At most `max_examples`, a seeded random subset kept in file order."""
+  if not max_examples or len(examples) <= max_examples:
+    return examples
+  keep = np.sort(np.random.RandomState(seed).permutation(len(examples))[:max_examples])
+  return [examples[i] for i in keep]
+
+
+def _features(extractor: Extractor, examples: Sequence[Example], layers, pooling: str) -> np.ndarray:
+  f = extractor.extract(tasks.inputs(examples), layers=layers, pooling=pooling, progress=False)
+  return f.pooled_NxYxD.reshape(len(examples), -1)  # layers side by side
+
+
+def probe(extractor: Extractor, task: Task, layers: Sequence[int] | str = (-1,),
+          pooling: str = "mean", max_examples: Optional[int] = None,
+          seed: int = 0) -> dict[str, float]:
+  """The task's metric(s) of a linear probe on `extractor`'s features (module docstring).
+
+  `max_examples` caps each split (a seeded random subset); `seed` also picks
+  the held-out part of train that chooses the penalty.
+  """
+  start = time.perf_counter()
+  if pooling == "none":
+    raise ConfigError("pooling 'none': a probe needs one vector per example; expected one of "
+                      "cls, mean, pooler")
+  if max_examples is not None and (not isinstance(max_examples, int) or max_examples < 5):
+    raise ConfigError(f"max_examples={max_examples!r}: expected an integer >= 5, or None")
+  train = _subset(task.splits.get("train", []), max_examples, seed)
+  evals = {s: _subset(task.splits.get(s, []), max_examples, seed) for s in task.eval_splits}
+  for split, exs in [("train", train)] + list(evals.items()):
+    if len(exs) < (5 if split == "train" else 1):
+      raise TaskError(f"task {task.name}: split '{split}' has {len(exs)} examples; expected "
+                      f"at least {5 if split == 'train' else 1}")
+    if any(e.label is None for e in exs):
+      raise TaskError(f"task {task.name}: split '{split}' has unlabelled examples; expected "
+                      "labels in train and in the eval splits")
+  X_train = _features(extractor, train, layers, pooling)
+  X_eval = {s: _features(extractor, exs, layers, pooling) for s, exs in evals.items()}
+  y_train = np.array([e.label for e in train])
+  primary = task.metric_names[0]
+  score = lambda y_true, y_pred: metrics.compute(task, y_pred, y_true)[primary]
+  if task.kind == REGRESSION:
+    fit = logreg.fit_ridge_probe(X_train, y_train, X_eval, seed=seed, score=score)
+    penalty = {"alpha": float(fit.penalty)}
+  else:
+    fit = logreg.fit_probe(X_train, y_train, X_eval, num_classes=task.num_classes, seed=seed,
+                           score=score)
+    penalty = {"C": float(fit.penalty)}
+  out = {}
+  for split, exs in evals.items():
+    labels = np.array([e.label for e in exs])
+    prefix = task.name if len(evals) == 1 else f"{task.name}/{split}"
+    for name, value in metrics.compute(task, fit.predictions[split], labels).items():
+      out[f"{prefix}/{name}"] = float(value)
+  out.update(penalty)
+  out["num_train"] = float(len(train))
+  out["seconds"] = time.perf_counter() - start
+  return out

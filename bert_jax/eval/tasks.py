@@ -1,0 +1,492 @@
+"""Downstream tasks: examples, labels and splits read from GLUE, plain TSV, TFDS or built-ins.
+
+`load_task(spec)` reads one task into memory (GLUE's largest, QQP and MNLI,
+are a few hundred MB of text) and returns a `Task`; the probe and fine-tuning
+both take it. `spec` is one of:
+
+- a directory in the official GLUE distribution's layout (what
+  download_glue_data.py writes), recognised from its name (CoLA, SST-2, MRPC,
+  STS-B, QQP, MNLI, QNLI, RTE, WNLI; case, '-' and '_' ignored) or else from
+  train.tsv's header. Every file is read as GLUE ships it: tab-separated,
+  UTF-8, csv.QUOTE_NONE (quotes are text), a header except CoLA's train/dev:
+    CoLA   train/dev: no header, 4 columns source, label, original label, sentence;
+           test: `index sentence`
+    SST-2  `sentence label`; test `index sentence`
+    MRPC   `Quality #1 ID #2 ID #1 String #2 String`; test `index #1 ID #2 ID #1 String #2 String`
+    STS-B  10 columns `index genre filename year old_index source1 source2 sentence1
+           sentence2 score` (float score 0..5: regression); test without `score`
+    QQP    `id qid1 qid2 question1 question2 is_duplicate`; test `id question1 question2`
+    MNLI   train 12 columns from `index promptID pairID genre ...` to `sentence1 sentence2
+           label1 gold_label`; dev_matched.tsv and dev_mismatched.tsv (16 columns, five
+           annotator labels before gold_label); test_matched.tsv / test_mismatched.tsv
+    QNLI   `index question sentence label`
+    RTE, WNLI  `index sentence1 sentence2 label`
+  Texts are found by header name; the label is the last field (MRPC: the first,
+  CoLA: the second), as in BERT's reference processors, so a row may carry more
+  fields than the header but never fewer. Labels are GLUE's fixed label sets
+  below, in sorted order (so "1" is class 1 where F1 counts it as positive).
+  Test files have no labels (`Example.label` None).
+- a plain task directory: train.tsv and dev.tsv (test.tsv optional), tab-separated,
+  csv.QUOTE_NONE, header `label<TAB>text` or `label<TAB>text<TAB>text_b`
+  (test.tsv: the same header, whose label column is ignored, or one without
+  `label`). The task is a regression when every train label is a number and
+  at least one is not an integer literal (`0.5`, `3.0`, `1e-2`): labels `0`/`1`/`2`
+  or words are classes. Class names are the train labels, sorted (numerically
+  when all are integers); a dev label not seen in train is an error.
+- `tfds:glue/<task>` (e.g. `tfds:glue/cola`), read from a TFDS data dir
+  (`data_dir`, else $TFDS_DATA_DIR, else ~/tensorflow_datasets) where it is
+  already built as array_record (`tfds build glue/cola --file_format=array_record`):
+  never downloaded. Splits train, validation(_matched/_mismatched) as dev(_...),
+  test(_...); labels are the dataset's ClassLabel names in its own id order.
+- a built-in task shipped with the repo: `word_order` (bert_jax.eval.word_order).
+
+A relative directory is also looked up under `data_dir`. Bad input raises
+TaskError: one line naming the file (and line) and what was expected.
+
+No JAX here: the data side of evaluation stays importable without it.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import Optional, Union
+
+from bert_jax.errors import TaskError
+
+CLASSIFICATION, REGRESSION = "classification", "regression"
+TFDS_PREFIX = "tfds:"
+BUILTIN_TASKS = ("word_order",)  # shipped with the repo: bert_jax.eval.word_order
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  text_a: str
+  text_b: Optional[str]  # None for single-sentence tasks
+  label: Union[int, float, None]  # class id, float (regression), None (unlabelled test)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str
+  kind: str  # "classification" | "regression"
+  labels: tuple[str, ...]  # class names in id order; () for regression
+  splits: dict[str, list[Example]]  # "train", "dev" (or MNLI's two), optional "test..."
+  metric_names: tuple[str, ...]
+  eval_splits: tuple[str, ...]  # ("dev",) or ("dev_matched", "dev_mismatched")
+
+  @property
+  def num_classes(self) -> int:
+    return 1 if self.kind == REGRESSION else len(self.labels)
+
+  def summary(self) -> str:
+    """One line: name, kind, classes and split sizes."""
+    sizes = ", ".join(f"{k} {len(v)}" for k, v in self.splits.items())
+    kind = (f"{len(self.labels)} classes" if self.kind == CLASSIFICATION else "regression")
+    return f"{self.name}: {kind}; {sizes}"
+
+
+def inputs(examples: Sequence[Example]) -> list:
+  """What features.Extractor.extract takes: text_a, or (text_a, text_b) for pairs."""
+  return [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+
+
+def metric_names(name: str, kind: str) -> tuple[str, ...]:
+  """GLUE's metric(s) for task `name`; accuracy (classification) or Pearson/Spearman."""
+  if name == "cola":
+    return ("mcc",)
+  if name in ("mrpc", "qqp"):
+    return ("f1", "accuracy")
+  return ("pearson", "spearman") if kind == REGRESSION else ("accuracy",)
+
+
+# ----------------------------------------------------------------------------
+# GLUE directories
+
+
+@dataclasses.dataclass(frozen=True)
+class _Glue:
+  name: str
+  header: Optional[tuple[str, ...]]  # train/dev header; None: headerless (CoLA)
+  text_a: str  # column names (CoLA: of its implied header)
+  text_b: Optional[str]
+  label_col: str  # "LAST" or a column name
+  labels: tuple[str, ...]  # () for regression
+  test_header: tuple[str, ...]
+  eval_files: tuple[str, ...] = ("dev",)
+  test_files: tuple[str, ...] = ("test",)
+
+
+_LAST = "LAST"
+_BINARY = ("0", "1")
+_NLI2 = ("entailment", "not_entailment")
+_COLA_COLUMNS = ("source", "label", "original_label", "sentence")
+_MNLI_TRAIN = ("index", "promptID", "pairID", "genre", "sentence1_binary_parse",
+               "sentence2_binary_parse", "sentence1_parse", "sentence2_parse", "sentence1",
+               "sentence2", "label1", "gold_label")
+_GLUE = {g.name: g for g in (
+    _Glue("cola", None, "sentence", None, "label", _BINARY, ("index", "sentence")),
+    _Glue("sst2", ("sentence", "label"), "sentence", None, _LAST, _BINARY, ("index", "sentence")),
+    _Glue("mrpc", ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"), "#1 String",
+          "#2 String", "Quality", _BINARY, ("index", "#1 ID", "#2 ID", "#1 String", "#2 String")),
+    _Glue("stsb", ("index", "genre", "filename", "year", "old_index", "source1", "source2",
+                   "sentence1", "sentence2", "score"), "sentence1", "sentence2", _LAST, (),
+          ("index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1",
+           "sentence2")),
+    _Glue("qqp", ("id", "qid1", "qid2", "question1", "question2", "is_duplicate"), "question1",
+          "question2", _LAST, _BINARY, ("id", "question1", "question2")),
+    _Glue("mnli", _MNLI_TRAIN, "sentence1", "sentence2", _LAST,
+          ("contradiction", "entailment", "neutral"), _MNLI_TRAIN[:10],
+          ("dev_matched", "dev_mismatched"), ("test_matched", "test_mismatched")),
+    _Glue("qnli", ("index", "question", "sentence", "label"), "question", "sentence", _LAST,
+          _NLI2, ("index", "question", "sentence")),
+    _Glue("rte", ("index", "sentence1", "sentence2", "label"), "sentence1", "sentence2", _LAST,
+          _NLI2, ("index", "sentence1", "sentence2")),
+    _Glue("wnli", ("index", "sentence1", "sentence2", "label"), "sentence1", "sentence2", _LAST,
+          _BINARY, ("index", "sentence1", "sentence2")),
+)}
+GLUE_TASKS = tuple(_GLUE)
+_GLUE_DISPLAY = "CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI"
+
+
+def _glue_name(dirname: str) -> Optional[str]:
+  key = re.sub(r"[-_ ]", "", os.path.basename(os.path.normpath(dirname)).lower())
+  return key if key in _GLUE else None
+
+
+def _text(path: str) -> str:
+  if not os.path.isfile(path):
+    raise TaskError(f"task file {path} does not exist")
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data[:e.start].count(b"\n") + 1
+    raise TaskError(f"task file {path}: line {line} is not UTF-8 (byte 0x{data[e.start]:02x}); "
+                    "expected UTF-8 text") from None
+
+
+def _rows(path: str) -> list[tuple[int, list[str]]]:
+  """(line number, fields) of every non-blank line, read as GLUE ships TSVs."""
+  reader = csv.reader(io.StringIO(_text(path), newline=""), delimiter="\t",
+                      quoting=csv.QUOTE_NONE)
+  out = []
+  try:
+    for fields in reader:
+      if fields and any(x.strip() for x in fields):
+        out.append((reader.line_num, fields))
+  except csv.Error as e:
+    raise TaskError(f"task file {path}: line {reader.line_num}: {e}; expected "
+                    "tab-separated fields") from None
+  if not out:
+    raise TaskError(f"task file {path} is empty; expected tab-separated examples")
+  out[0][1][0] = out[0][1][0].lstrip("\ufeff")  # a byte order mark is not a column name
+  return out
+
+
+def _first_row(path: str) -> list[str]:
+  """The first non-blank line's fields (a header, or CoLA's first example)."""
+  with open(path, "rb") as f:
+    head = f.read(1 << 16)
+  lines = [l for l in head.split(b"\n") if l.strip()]
+  if not lines:
+    return _rows(path)[0][1]  # raises the one-line error (empty, not UTF-8)
+  try:
+    first = lines[0].decode("utf-8").rstrip("\r")
+  except UnicodeDecodeError:
+    return _rows(path)[0][1]
+  return first.lstrip("\ufeff").split("\t")
+
+
+def _tsv(cells: Sequence[str]) -> str:
+  return "<TAB>".join(cells)
+
+
+def _columns(path: str, header: list[str], want: Sequence[str], what: str) -> dict[str, int]:
+  """Index of each wanted column name in `header`, or a TaskError naming the first missing."""
+  for name in want:
+    if name not in header:
+      raise TaskError(f"{path}: header has no column '{name}' (header: '{_tsv(header)}'); "
+                      f"expected {what}")
+  return {name: header.index(name) for name in want}
+
+
+def _read_glue_file(g: _Glue, path: str, labelled: bool) -> list[tuple[int, str, str, str]]:
+  """(line, text_a, text_b or None, raw label or None) per example of one GLUE file."""
+  rows = _rows(path)
+  if labelled and g.header is None:  # CoLA train/dev: headerless, exactly 4 columns
+    header, body = list(_COLA_COLUMNS), rows
+    what = "CoLA's 4 headerless columns source, label, original label, sentence"
+  else:
+    header, body = rows[0][1], rows[1:]
+    expected = g.header if labelled else g.test_header
+    what = f"{g.name.upper()}'s header '{_tsv(expected)}'"
+  texts = [g.text_a] + ([g.text_b] if g.text_b else [])
+  label_name = None
+  if labelled:
+    label_name = header[-1] if g.label_col == _LAST else g.label_col
+    if g.header is not None and g.label_col == _LAST and header[-1] != g.header[-1]:
+      raise TaskError(f"{path}: header ends with '{header[-1]}'; expected {what} "
+                      f"(labels in the last column, '{g.header[-1]}')")
+  cols = _columns(path, header, texts + ([label_name] if labelled else []), what)
+  if not body:
+    raise TaskError(f"{path}: a header but no examples; expected at least one example")
+  out = []
+  for line, fields in body:
+    if len(fields) < len(header):
+      raise TaskError(f"{path}: line {line} has {len(fields)} tab-separated fields; "
+                      f"expected {len(header)} ({what})")
+    label = None
+    if labelled:
+      label = fields[-1] if g.label_col == _LAST else fields[cols[label_name]]
+    out.append((line, fields[cols[g.text_a]], fields[cols[g.text_b]] if g.text_b else None,
+                label))
+  return out
+
+
+def _parse_float(raw: str, path: str, line: int) -> float:
+  try:
+    x = float(raw)
+  except ValueError:
+    x = math.nan
+  if not math.isfinite(x):
+    raise TaskError(f"{path}: line {line}: label '{raw}' is not a finite number; "
+                    "expected a float score")
+  return x
+
+
+def _labelled(rows, path: str, kind: str, labels: tuple[str, ...], where: str) -> list[Example]:
+  ids = {name: i for i, name in enumerate(labels)}
+  out = []
+  for line, a, b, raw in rows:
+    if kind == REGRESSION:
+      label = _parse_float(raw, path, line)
+    else:
+      if raw not in ids:
+        raise TaskError(f"{path}: line {line}: label '{raw}' is not one of {where} "
+                        f"({', '.join(labels)})")
+      label = ids[raw]
+    out.append(Example(a, b, label))
+  return out
+
+
+def _load_glue(name: str, directory: str) -> Task:
+  g = _GLUE[name]
+  kind = REGRESSION if not g.labels else CLASSIFICATION
+  where = f"{name.upper()}'s labels"
+  splits = {}
+  for split in ("train",) + g.eval_files:
+    path = os.path.join(directory, f"{split}.tsv")
+    splits[split] = _labelled(_read_glue_file(g, path, True), path, kind, g.labels, where)
+  for split in g.test_files:
+    path = os.path.join(directory, f"{split}.tsv")
+    if os.path.exists(path):
+      splits[split] = [Example(a, b, None) for _, a, b, _ in _read_glue_file(g, path, False)]
+  return Task(name, kind, g.labels, splits, metric_names(name, kind), g.eval_files)
+
+
+def _recognise_header(header: list[str]) -> Optional[str]:
+  """The GLUE task whose train.tsv starts with `header` (RTE/WNLI share theirs: None)."""
+  matches = [g.name for g in _GLUE.values() if g.header is not None
+             and (header == list(g.header) or (g.name == "mnli" and header[:4] == list(g.header[:4])))]
+  if len(matches) == 1:
+    return matches[0]
+  if not matches and len(header) == 4 and header[1] in _BINARY:
+    return "cola"  # headerless: the first line is already an example
+  return None
+
+
+# ----------------------------------------------------------------------------
+# Plain task directories
+
+
+_PLAIN_HEADERS = (["label", "text"], ["label", "text", "text_b"])
+
+
+def _is_int(raw: str) -> bool:
+  try:
+    int(raw)
+    return True
+  except ValueError:
+    return False
+
+
+def _is_float(raw: str) -> bool:
+  try:
+    return math.isfinite(float(raw))
+  except ValueError:
+    return False
+
+
+def _read_plain(path: str, pair: Optional[bool], test: bool = False):
+  """(rows, pair): rows (line, text_a, text_b, raw label); `pair` must match when given."""
+  rows = _rows(path)
+  header = rows[0][1]
+  allowed = [h for h in _PLAIN_HEADERS if pair is None or (len(h) == 3) == pair]
+  if test:
+    allowed += [h[1:] for h in allowed]
+  if header not in allowed:
+    raise TaskError(f"{path}: header '{_tsv(header)}'; expected "
+                    + " or ".join(f"'{_tsv(h)}'" for h in allowed))
+  if len(rows) == 1:
+    raise TaskError(f"{path}: a header but no examples; expected at least one example")
+  has_label = header[0] == "label"
+  out = []
+  for line, fields in rows[1:]:
+    if len(fields) != len(header):
+      raise TaskError(f"{path}: line {line} has {len(fields)} tab-separated fields; "
+                      f"expected {len(header)} ('{_tsv(header)}')")
+    t = fields[1:] if has_label else fields
+    out.append((line, t[0], t[1] if len(t) > 1 else None, fields[0] if has_label else None))
+  return out, "text_b" in header
+
+
+def _load_plain(directory: str) -> Task:
+  train_path = os.path.join(directory, "train.tsv")
+  dev_path = os.path.join(directory, "dev.tsv")
+  train, pair = _read_plain(train_path, None)
+  raw = [r[3] for r in train]
+  if all(_is_float(x) for x in raw) and not all(_is_int(x) for x in raw):
+    kind, labels = REGRESSION, ()
+  else:
+    kind = CLASSIFICATION
+    labels = tuple(sorted(set(raw), key=int) if all(_is_int(x) for x in raw)
+                   else sorted(set(raw)))
+  if not os.path.isfile(dev_path):
+    raise TaskError(f"task directory {directory} has no dev.tsv; expected train.tsv and "
+                    "dev.tsv (header 'label<TAB>text[<TAB>text_b]')")
+  dev, _ = _read_plain(dev_path, pair)
+  splits = {"train": _labelled(train, train_path, kind, labels, "the train labels"),
+            "dev": _labelled(dev, dev_path, kind, labels, "the train labels")}
+  test_path = os.path.join(directory, "test.tsv")
+  if os.path.exists(test_path):
+    splits["test"] = [Example(a, b, None) for _, a, b, _ in _read_plain(test_path, pair, True)[0]]
+  name = os.path.basename(os.path.normpath(directory))
+  return Task(name, kind, labels, splits, metric_names(name, kind), ("dev",))
+
+
+# ----------------------------------------------------------------------------
+# TFDS
+
+
+_TFDS_SPLITS = {"train": "train", "validation": "dev", "validation_matched": "dev_matched",
+                "validation_mismatched": "dev_mismatched", "test": "test",
+                "test_matched": "test_matched", "test_mismatched": "test_mismatched"}
+# (text_a, text_b) features of GLUE's TFDS configs, tried in order.
+_TFDS_TEXTS = (("question1", "question2"), ("sentence1", "sentence2"),
+               ("premise", "hypothesis"), ("question", "sentence"), ("sentence", None))
+
+
+def _tfds_data_dir(data_dir: Optional[str]) -> str:
+  return os.path.abspath(os.path.expanduser(
+      data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"))
+
+
+def tfds_examples(records: Sequence[dict], kind: str, where: str) -> list[Example]:
+  """GLUE TFDS records (dicts of features) as Examples; label -1 (test) is None."""
+  if not records:
+    return []
+  first = records[0]
+  for a, b in _TFDS_TEXTS:
+    if a in first and (b is None or b in first):
+      break
+  else:
+    raise TaskError(f"{where}: no text features (it has: {', '.join(sorted(first))}); "
+                    "expected GLUE's sentence/sentence1/sentence2/question/question1/"
+                    "question2/premise/hypothesis")
+  if "label" not in first:
+    raise TaskError(f"{where}: no 'label' feature (it has: {', '.join(sorted(first))})")
+  text = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)
+  out = []
+  for r in records:
+    label = r["label"]
+    if kind == REGRESSION:
+      label = float(label)
+    else:
+      label = None if int(label) < 0 else int(label)
+    out.append(Example(text(r[a]), text(r[b]) if b else None, label))
+  return out
+
+
+def _load_tfds(spec: str, data_dir: Optional[str]) -> Task:
+  name = spec[len(TFDS_PREFIX):]
+  task = name.split("/", 1)[1] if name.startswith("glue/") else ""
+  if task not in _GLUE:
+    raise TaskError(f"task '{spec}': expected tfds:glue/<task> with <task> one of "
+                    f"{', '.join(GLUE_TASKS)}")
+  import tensorflow_datasets as tfds  # heavy: only for tfds: tasks
+  where = _tfds_data_dir(data_dir)
+  built = f"build it once with `tfds build {name} --data_dir {where} --file_format=array_record`"
+  try:
+    # download=False: never starts a download-and-prepare; it must be built already.
+    builder = tfds.builder(name, data_dir=where)
+    if not os.path.isdir(str(builder.data_dir)) or not builder.info.splits:
+      raise FileNotFoundError(builder.data_dir)
+    split_names = list(builder.info.splits)
+    sources = {s: tfds.data_source(name, split=s, data_dir=where, download=False)
+               for s in split_names if s in _TFDS_SPLITS}
+  except Exception as e:  # TFDS raises many types here; all mean "not usable as is"
+    detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise TaskError(f"TFDS dataset '{name}' is not built as array_record in {where} "
+                    f"({built}): {detail[:200]}") from None
+  label = builder.info.features["label"]
+  kind = REGRESSION if task == "stsb" else CLASSIFICATION
+  labels = tuple(label.names) if kind == CLASSIFICATION else ()
+  splits = {}
+  for s, source in sources.items():
+    getitems = getattr(source, "__getitems__", None)
+    idx = list(range(len(source)))
+    records = getitems(idx) if getitems else [source[i] for i in idx]
+    splits[_TFDS_SPLITS[s]] = tfds_examples(records, kind, f"TFDS {name} split {s}")
+  eval_splits = _GLUE[task].eval_files
+  for s in ("train",) + eval_splits:
+    if not splits.get(s):
+      raise TaskError(f"TFDS dataset '{name}' in {where} has no examples in its "
+                      f"{'validation' + s[3:] if s.startswith('dev') else s} split")
+  return Task(task, kind, labels, splits, metric_names(task, kind), eval_splits)
+
+
+# ----------------------------------------------------------------------------
+# Entry point
+
+
+def load_task(spec: str, data_dir: Optional[str] = None) -> Task:
+  """The task `spec` names (module docstring), fully read; bad input is a TaskError."""
+  if not isinstance(spec, str) or not spec.strip():
+    raise TaskError(f"task {spec!r}: expected a task directory, tfds:glue/<task> or a "
+                    "built-in task name")
+  if spec.startswith(TFDS_PREFIX):
+    return _load_tfds(spec, data_dir)
+  directory = os.path.expanduser(spec)
+  if not os.path.isdir(directory) and data_dir and not os.path.isabs(directory):
+    if os.path.isdir(os.path.join(data_dir, directory)):
+      directory = os.path.join(data_dir, directory)
+  if not os.path.isdir(directory):
+    if spec == "word_order":
+      from bert_jax.eval import word_order
+      return word_order.load()
+    if os.path.exists(directory):
+      raise TaskError(f"task {spec} is a file; expected a task directory (train.tsv, dev.tsv)")
+    raise TaskError(f"task '{spec}': no such directory"
+                    + (f" (nor under {data_dir})" if data_dir else "")
+                    + f"; expected a GLUE or plain task directory, tfds:glue/<task> or a "
+                    f"built-in task ({', '.join(BUILTIN_TASKS)})")
+  train = os.path.join(directory, "train.tsv")
+  if not os.path.isfile(train):
+    raise TaskError(f"task directory {directory} has no train.tsv; expected train.tsv and "
+                    f"dev.tsv (a plain task or a GLUE task: {_GLUE_DISPLAY})")
+  header = _first_row(train)
+  if header in _PLAIN_HEADERS:
+    return _load_plain(directory)
+  name = _glue_name(directory) or _recognise_header(header)
+  if name is None:
+    raise TaskError(f"{train}: header '{_tsv(header)}' is neither 'label<TAB>text"
+                    f"[<TAB>text_b]' nor a GLUE task's; expected a plain task, or a GLUE "
+                    f"directory named after its task ({_GLUE_DISPLAY})")
+  return _load_glue(name, directory)

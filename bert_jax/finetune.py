@@ -1,0 +1,171 @@
+"""The `python -m bert_jax.finetune` / `bert-jax-finetune` command line.
+
+Fine-tunes a bert-jax checkpoint (a training workdir, its checkpoints/ folder,
+a step folder, or a `bert_jax.io.convert` import) on a downstream task with the
+BERT paper's GLUE recipe, and reports the GLUE metric of every (learning
+rate, seed) run and the median over seeds of the best learning rate:
+
+  python -m bert_jax.finetune --checkpoint runs/base --task glue_data/SST-2
+  python -m bert_jax.finetune --checkpoint runs/base --task glue_data/MNLI \\
+      --learning_rates 3e-5 --seeds 0 --output_dir out/mnli --save out/mnli-model
+  python -m bert_jax.io.convert to-hf out/mnli-model out/mnli-hf   # BertForSequenceClassification
+
+--task is a GLUE task directory as the official distribution ships it
+(CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI), `tfds:glue/<task>`
+already built under --data_dir (never downloaded), a plain directory with
+train.tsv and dev.tsv (header `label<TAB>text[<TAB>text_b]`; float labels
+make a regression task), or a built-in task name (bert_jax.eval.tasks).
+
+Writes to --output_dir (default finetune/<task name>):
+  results.json                   every run's metrics, the medians, the best learning rate
+  runs/lr<LR>_seed<S>/tensorboard/  train loss and learning rate, dev metrics per epoch
+                                    (`tensorboard --logdir OUTPUT_DIR/runs`)
+  runs/lr<LR>_seed<S>/metrics.jsonl the same as JSON lines
+--save DIR writes the best run (by the selection metric) as a params-only
+bert-jax checkpoint that `convert to-hf` exports as BertForSequenceClassification.
+
+Defaults (all flags): --learning_rates 2e-5,3e-5,5e-5 --seeds 0,1,2 --epochs 3
+--batch_size 32 --max_length 128 (or the checkpoint's positions if fewer),
+--warmup_fraction 0.1, --weight_decay 0.01, --max_grad_norm 1.0,
+--head_dropout 0.1, the checkpoint's compute dtype. The model, recipe and
+report are bert_jax.eval.finetune.
+
+Bad input (a missing checkpoint or one without params, an unreadable task, a
+bad flag) is one `error:` line, exit status 2, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+from bert_jax.errors import BertJaxError, ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):  # one line, like every other bert-jax error
+    raise ConfigError(message)
+
+
+def _floats(flag: str, text: str) -> tuple[float, ...]:
+  try:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+  except ValueError:
+    raise ConfigError(f"--{flag}={text!r}: expected comma-separated numbers such as "
+                      "2e-5,3e-5,5e-5") from None
+
+
+def _ints(flag: str, text: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+  except ValueError:
+    raise ConfigError(f"--{flag}={text!r}: expected comma-separated integers such as "
+                      "0,1,2") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = _Parser(prog="python -m bert_jax.finetune",
+              description="Fine-tune a bert-jax checkpoint on a GLUE-style task and report "
+              "the GLUE metric (every learning rate and seed, and the median over seeds of "
+              "the best learning rate).")
+  p.add_argument("--checkpoint", required=True,
+                 help="workdir, its checkpoints/ folder, a step folder, or a convert import")
+  p.add_argument("--task", required=True,
+                 help="GLUE task dir, tfds:glue/<task>, plain task dir, or built-in task name")
+  p.add_argument("--data_dir", default=None, help="TFDS data dir for tfds:glue/<task>")
+  p.add_argument("--output_dir", default=None,
+                 help="results.json and TensorBoard events (default finetune/<task name>)")
+  p.add_argument("--learning_rates", default="2e-5,3e-5,5e-5", help="comma-separated")
+  p.add_argument("--seeds", default="0,1,2", help="comma-separated; runs per learning rate")
+  p.add_argument("--epochs", type=int, default=3)
+  p.add_argument("--batch_size", type=int, default=32, help="global, over all devices")
+  p.add_argument("--eval_batch_size", type=int, default=128)
+  p.add_argument("--max_length", type=int, default=None,
+                 help="tokens per example incl. [CLS]/[SEP] (default 128, or the "
+                 "checkpoint's max_position_embeddings if fewer)")
+  p.add_argument("--warmup_fraction", type=float, default=0.1)
+  p.add_argument("--weight_decay", type=float, default=0.01)
+  p.add_argument("--max_grad_norm", type=float, default=1.0, help="0 = no clipping")
+  p.add_argument("--head_dropout", type=float, default=0.1)
+  p.add_argument("--dtype", default=None,
+                 help="compute dtype: float32, bfloat16, float16 (default: the checkpoint's)")
+  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+  p.add_argument("--save", default=None,
+                 help="write the best run here as a bert-jax checkpoint (convert to-hf exports it)")
+  p.add_argument("--overwrite", action="store_true", help="replace a non-empty --save directory")
+  p.add_argument("--no_progress", action="store_true", help="no progress bar")
+  return p
+
+
+def _check_save(path: Optional[str], overwrite: bool) -> None:
+  if path is None:
+    return
+  path = os.path.abspath(path)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ConfigError(f"--save {path}: exists and is not a directory; expected a directory "
+                      "(created if missing)")
+  if os.path.isdir(path) and os.listdir(path) and not overwrite:
+    raise ConfigError(f"--save {path}: exists and is not empty; pass --overwrite to replace it")
+
+
+def run(args: argparse.Namespace) -> dict:
+  """Checks everything cheap first, so bad input fails before anything is written."""
+  import jax  # after argument parsing: `--help` and flag errors stay fast
+
+  from bert_jax.eval import finetune, tasks
+
+  recipe = finetune.Recipe(
+      learning_rates=_floats("learning_rates", args.learning_rates),
+      seeds=_ints("seeds", args.seeds), epochs=args.epochs, batch_size=args.batch_size,
+      max_length=args.max_length, warmup_fraction=args.warmup_fraction,
+      weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+      head_dropout=args.head_dropout, eval_batch_size=args.eval_batch_size,
+      dtype=args.dtype).validate()
+  _check_save(args.save, args.overwrite)
+  if args.output_dir is not None and os.path.exists(args.output_dir) and not os.path.isdir(
+      args.output_dir):
+    raise ConfigError(f"--output_dir {args.output_dir}: exists and is not a directory")
+  if not os.path.isdir(args.checkpoint):
+    found = "is not a directory" if os.path.exists(args.checkpoint) else "no such directory"
+    raise ConfigError(f"--checkpoint {args.checkpoint}: {found}; expected a workdir, its "
+                      "checkpoints/ folder, a step folder or a convert import")
+  task = tasks.load_task(args.task, args.data_dir)
+  output_dir = args.output_dir or os.path.join("finetune", task.name)
+  tuner = finetune.FineTuner.from_checkpoint(args.checkpoint, task, recipe, step=args.step)
+  log = lambda msg: print(msg, flush=True) if jax.process_index() == 0 else None
+  log(tuner.describe())
+  results = tuner.sweep(output_dir=output_dir, progress=False if args.no_progress else None)
+  log(finetune.format_table(results))
+  log(f"wrote {os.path.join(output_dir, finetune.RESULTS_FILE)} and TensorBoard events "
+      f"under {os.path.join(output_dir, 'runs')}")
+  if args.save is not None:
+    where = tuner.save(results, args.save, overwrite=args.overwrite)
+    best = results["summary"]["best_run"]
+    log(f"saved the best run (lr {best['learning_rate']:g}, seed {best['seed']}) -> {where}; "
+        f"export: python -m bert_jax.io.convert to-hf {args.save} OUT_HF_DIR")
+  return results
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  try:
+    run(_parser().parse_args(argv))
+  except BertJaxError as e:
+    print("error: " + " ".join(str(e).split()), file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    return 130
+  return 0
+
+
+def cli() -> None:
+  """The console entry point (`bert-jax-finetune`)."""
+  sys.exit(main())
+
+
+if __name__ == "__main__":
+  cli()

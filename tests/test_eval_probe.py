@@ -1,0 +1,205 @@
+"""Linear probes: logistic regression equals scikit-learn's; ridge; the probe and its CLI."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression, Ridge as SkRidge
+
+from bert_jax.io import checkpointing
+from bert_jax import probe as probe_cli
+from bert_jax.eval import logreg, probe, tasks, word_order
+from bert_jax.features.extract import Extractor
+from bert_jax.model.config import BertConfig
+from bert_jax.model.bert import init_params
+from bert_jax.data.tokenizer import SPECIAL_TOKENS, Tokenizer
+
+
+def _problem(seed, n=600, d=20, k=4, noise=2.0, sample=0):
+  """Gaussian classes with overlapping means: accuracy well between chance and 1.
+
+  `seed` draws the class means, `sample` the examples (train and test share means).
+  """
+  means = np.random.RandomState(seed).normal(0, 1, (k, d))
+  rs = np.random.RandomState(1000 + 7 * seed + sample)
+  y = rs.randint(0, k, n)
+  X = means[y] + noise * rs.normal(0, 1, (n, d))
+  X[:, 0] = 3.0  # a constant feature: standardisation must not divide by zero
+  X[:, 1] *= 50  # badly scaled
+  return X, y
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_logreg_accuracy_equals_sklearn_on_the_same_standardized_features(seed):
+  X, y = _problem(seed)
+  Xt, yt = _problem(seed, sample=1)
+  std = logreg.Standardizer.fit(X)
+  Cs = [0.001, 0.1, 10.0]
+  models = logreg.fit_logreg(std(X), y, Cs, num_classes=4)
+  for m in models:
+    sk = LogisticRegression(C=m.C, max_iter=10000, tol=1e-8).fit(std(X), y)
+    assert m.converged and m.grad_max < logreg.TOL
+    for A, b in ((X, y), (Xt, yt)):
+      ours = np.mean(m.predict(std(A)) == b)
+      theirs = sk.score(std(A), b)
+      assert abs(ours - theirs) <= 0.005, (m.C, ours, theirs)
+    # The same objective, hence the same coefficients (sklearn's C scaling).
+    np.testing.assert_allclose(m.W_DxK, sk.coef_.T, atol=2e-3 * max(1, np.abs(sk.coef_).max()))
+  # A weak penalty fits the training set better than a strong one.
+  assert np.mean(models[-1].predict(std(X)) == y) > np.mean(models[0].predict(std(X)) == y)
+
+
+@pytest.mark.slow
+def test_fit_probe_picks_C_on_held_out_train_and_predicts_each_eval_split():
+  X, y = _problem(3, n=400, d=60, noise=3.0)
+  Xa, ya = _problem(3, n=200, d=60, noise=3.0, sample=1)
+  fit = logreg.fit_probe(X, y, {"a": Xa, "b": Xa[:7]}, num_classes=4, seed=0)
+  assert set(fit.holdout_scores) == set(logreg.DEFAULT_CS)
+  assert fit.holdout_scores[fit.penalty] == max(fit.holdout_scores.values())
+  assert fit.predictions["a"].shape == (200,) and fit.predictions["b"].shape == (7,)
+  np.testing.assert_array_equal(fit.predictions["b"], fit.predictions["a"][:7])
+  # Refit on all of train with the chosen C; features standardized with train statistics.
+  std = logreg.Standardizer.fit(X)
+  sk = LogisticRegression(C=fit.penalty, max_iter=10000, tol=1e-8).fit(std(X), y)
+  assert abs(np.mean(fit.predictions["a"] == ya) - sk.score(std(Xa), ya)) <= 0.005
+  assert np.mean(fit.predictions["a"] == ya) > 0.5  # chance is 0.25
+  # Seeded: the same split and choice again.
+  again = logreg.fit_probe(X, y, Xa, num_classes=4, seed=0)
+  np.testing.assert_array_equal(again.predictions, fit.predictions["a"])
+
+
+def test_ridge_equals_sklearn_and_probe_picks_alpha():
+  rs = np.random.RandomState(0)
+  X = rs.normal(size=(300, 10))
+  y = X @ rs.normal(size=10) + 0.5 * rs.normal(size=300) + 2.0
+  for alpha in (0.01, 1.0):
+    ours = logreg.fit_ridge(X, y, alpha)
+    sk = SkRidge(alpha=alpha * len(y)).fit(X, y)  # sklearn's alpha multiplies the summed loss
+    np.testing.assert_allclose(ours.w_D, sk.coef_, atol=1e-8)
+    assert ours.b == pytest.approx(sk.intercept_)
+  fit = logreg.fit_ridge_probe(X, y, X[:5])
+  assert fit.penalty in logreg.DEFAULT_ALPHAS
+  assert np.corrcoef(fit.predictions, y[:5])[0, 1] > 0.9
+
+
+# --- the probe on model features, and its command line ---
+
+# Whole words of the held-out text, so no word is [UNK] and order is all that differs.
+WORDS = sorted({w for s in word_order.read_sentences() for w in s.split()} | {"cat", "dog"})
+VOCAB = list(SPECIAL_TOKENS) + WORDS
+CONFIG = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_layers=2, num_heads=4,
+                    intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=16)
+
+
+@pytest.fixture(scope="module")
+def random_params():
+  """The model's own initialisation (truncated normal 0.02, as BERT): random weights."""
+  return jax.device_get(init_params(CONFIG, jax.random.key(0)))
+
+
+@pytest.fixture(scope="module")
+def extractor(random_params):
+  return Extractor(random_params["bert"], CONFIG, Tokenizer(VOCAB, True), batch_size=64)
+
+
+@pytest.fixture(scope="module")
+def ckpt(random_params, tmp_path_factory):
+  """A training-style checkpoint (as tests/test_features.py writes one)."""
+  workdir = str(tmp_path_factory.mktemp("probe") / "run")
+  mngr = checkpointing.manager(os.path.join(workdir, "checkpoints"), async_save=False)
+  checkpointing.save(mngr, 3, random_params, {"opt_state": {"count": jnp.int32(3)},
+                                              "rng": jax.random.key_data(jax.random.key(0))},
+                     {"model_config": CONFIG.to_dict(), "vocab": VOCAB, "lowercase": True,
+                      "seed": 0, "config": {}, "step": 3, "phase": 0, "data_position": 0})
+  mngr.wait_until_finished()
+  mngr.close()
+  return workdir
+
+
+@pytest.mark.slow
+def test_word_order_is_near_chance_for_random_weights(extractor):
+  """Mean-pooled random features carry the words but not their order: the task needs order."""
+  r = probe.probe(extractor, tasks.load_task("word_order"), layers=(-1,), pooling="mean")
+  assert 0.3 < r["word_order/accuracy"] < 0.6, r
+  assert r["C"] in logreg.DEFAULT_CS and r["num_train"] == 287 and r["seconds"] > 0
+
+
+def _plain(root, name, rows_train, rows_dev):
+  d = os.path.join(root, name)
+  os.makedirs(d)
+  for split, rows in (("train", rows_train), ("dev", rows_dev)):
+    with open(os.path.join(d, f"{split}.tsv"), "w") as f:
+      f.write("label\ttext\n" + "".join(f"{l}\t{t}\n" for l, t in rows))
+  return d
+
+
+@pytest.mark.slow
+def test_a_bag_of_words_task_is_solved_by_the_same_random_features(extractor, tmp_path):
+  """The contrast to word_order: which word occurs is linearly readable from random features."""
+  rs = np.random.RandomState(0)
+  sentences = word_order.read_sentences()
+
+  def rows(n, regression):
+    out = []
+    for _ in range(n):
+      s = sentences[rs.randint(len(sentences))].split()
+      k = rs.randint(0, 3)
+      for _ in range(k):  # "cat" 0-2 times at random places
+        s.insert(rs.randint(len(s) + 1), "cat")
+      out.append((f"{k + 0.5}" if regression else int(k > 0), " ".join(s)))
+    return out
+
+  cls = tasks.load_task(_plain(str(tmp_path), "has_cat", rows(300, False), rows(100, False)))
+  r = probe.probe(extractor, cls)
+  assert r["has_cat/accuracy"] > 0.85, r
+  reg = tasks.load_task(_plain(str(tmp_path), "cats", rows(300, True), rows(100, True)))
+  assert reg.kind == "regression"
+  r = probe.probe(extractor, reg)
+  assert r["cats/pearson"] > 0.8 and "alpha" in r, r
+
+
+@pytest.mark.slow
+def test_cli_prints_the_metric_and_writes_json(ckpt, tmp_path, capsys):
+  out = str(tmp_path / "r.json")
+  assert probe_cli.main(["--checkpoint", ckpt, "--task", "word_order", "--output", out,
+                         "--layers", "-2,-1", "--max_examples", "100"]) == 0
+  stdout = capsys.readouterr().out.strip().splitlines()
+  with open(out) as f:
+    result = json.load(f)
+  assert stdout == [f"word_order/accuracy: {result['word_order/accuracy']:.4f}"]
+  assert result["task"] == "word_order" and result["layers"] == [-2, -1]
+  assert result["num_train"] == 100 and result["pooling"] == "mean"
+  assert 0.0 <= result["word_order/accuracy"] <= 1.0
+  assert sorted(os.listdir(tmp_path)) == ["r.json"]  # no temporary file left
+
+
+BAD_CLI = {
+    "missing checkpoint": (["--checkpoint", "{tmp}/none"], ["none"]),
+    "bad task dir": (["--task", "{tmp}/task"], ["task", "train.tsv"]),
+    "unknown task": (["--task", "glue_cola"], ["glue_cola", "no such directory"]),
+    "per-token pooling": (["--pooling", "none"], ["--pooling", "cls, mean, pooler"]),
+    "missing output dir": (["--output", "{tmp}/nodir/r.json"], ["nodir", "does not exist"]),
+    "bad layers": (["--layers", "last"], ["--layers"]),
+    "missing argument": (["--task"], ["--task"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CLI))
+def test_cli_bad_input_is_one_error_line_exit_2_nothing_written(case, ckpt, tmp_path, capsys):
+  changes, words = BAD_CLI[case]
+  os.makedirs(tmp_path / "task")
+  with open(tmp_path / "task" / "dev.tsv", "w") as f:
+    f.write("label\ttext\n0\ta\n")
+  args = {"--checkpoint": ckpt, "--task": "word_order", "--output": str(tmp_path / "r.json")}
+  argv = [x for kv in args.items() for x in kv] + [c.format(tmp=tmp_path) for c in changes]
+  before = sorted(os.listdir(tmp_path))
+  assert probe_cli.main(argv) == 2
+  err = [l for l in capsys.readouterr().err.strip().splitlines() if not l.startswith("task ")]
+  assert len(err) == 1 and err[0].startswith("error: "), err
+  for w in words:
+    assert w in err[0], err[0]
+  assert sorted(os.listdir(tmp_path)) == before
