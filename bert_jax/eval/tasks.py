@@ -293,8 +293,9 @@ def _load_glue(name: str, directory: str) -> Task:
 
 def _recognise_header(header: list[str]) -> Optional[str]:
   """The GLUE task whose train.tsv starts with `header` (RTE/WNLI share theirs: None)."""
-  matches = [g.name for g in _GLUE.values() if g.header is not None
-             and (header == list(g.header) or (g.name == "mnli" and header[:4] == list(g.header[:4])))]
+  # MNLI's train header is matched on its first columns (its dev files have more).
+  matches = [g.name for g in _GLUE.values() if g.header is not None and (
+      header == list(g.header) or (g.name == "mnli" and header[:4] == list(g.header[:4])))]
   if len(matches) == 1:
     return matches[0]
   if not matches and len(header) == 4 and header[1] in _BINARY:
