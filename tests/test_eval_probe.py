@@ -203,3 +203,14 @@ def test_cli_bad_input_is_one_error_line_exit_2_nothing_written(case, ckpt, tmp_
   for w in words:
     assert w in err[0], err[0]
   assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_measure_probe_table_gives_accuracy_with_its_standard_error():
+  from tools import measure_probe
+  result = {"task": "word_order", "layers": [-1], "pooling": "mean", "num_dev": {"dev": 100},
+            "majority": {"dev": 0.5}, "metric_names": ["accuracy"],
+            "rows": [{"model": "runs/tiny", "word_order/accuracy": 0.7, "C": 1.0},
+                     {"model": "random", "word_order/accuracy": 0.5, "C": 0.1}]}
+  table = measure_probe.markdown(result).splitlines()
+  assert table[2] == "| runs/tiny | 0.700 ± 0.046 |"  # sqrt(0.7 * 0.3 / 100)
+  assert table[3] == "| random | 0.500 ± 0.050 |" and table[4] == "| majority class | 0.500 |"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bert_jax.errors import TaskError
-from bert_jax.eval import tasks
+from bert_jax.eval import tasks, tasks_tfds
 from bert_jax.eval.tasks import Example
 
 T = "\t"
@@ -268,13 +268,13 @@ def test_tfds_glue_task_read_from_a_built_data_dir(tmp_path):
 
 def test_tfds_records_map_glue_features():
   recs = [{"question1": b"q a", "question2": b"q b", "label": 1, "idx": 0}]
-  assert tasks.tfds_examples(recs, "classification", "x") == [Example("q a", "q b", 1)]
+  assert tasks_tfds.tfds_examples(recs, "classification", "x") == [Example("q a", "q b", 1)]
   recs = [{"premise": b"p", "hypothesis": b"h", "label": -1, "idx": 0}]
-  assert tasks.tfds_examples(recs, "classification", "x") == [Example("p", "h", None)]
+  assert tasks_tfds.tfds_examples(recs, "classification", "x") == [Example("p", "h", None)]
   recs = [{"question": b"q", "sentence": b"s", "label": 0, "idx": 0}]
-  assert tasks.tfds_examples(recs, "classification", "x") == [Example("q", "s", 0)]
+  assert tasks_tfds.tfds_examples(recs, "classification", "x") == [Example("q", "s", 0)]
   recs = [{"sentence1": b"a", "sentence2": b"b", "label": 3.2, "idx": 0}]
-  assert tasks.tfds_examples(recs, "regression", "x") == [Example("a", "b", 3.2)]
+  assert tasks_tfds.tfds_examples(recs, "regression", "x") == [Example("a", "b", 3.2)]
 
 
 def test_tfds_task_not_built_is_one_line_and_never_downloads(tmp_path):
@@ -408,3 +408,16 @@ def test_heldout_text_shares_no_sentence_with_the_corpus():
   with open(corpus, encoding="utf-8") as f:
     lines = {" ".join(l.split()) for l in f}
   assert not lines & set(word_order.read_sentences())
+
+
+def test_task_data_side_imports_no_jax():
+  import json
+  import subprocess
+  import sys
+  code = ("import json, sys\nfrom bert_jax.eval import metrics, tasks, tasks_tfds, word_order\n"
+          "tasks.load_task('word_order')\nprint(json.dumps(sorted(sys.modules)))")
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "-c", code], cwd=repo, check=True, capture_output=True,
+                       text=True).stdout
+  loaded = json.loads(out.strip().splitlines()[-1])
+  assert not [m for m in loaded if m.split(".")[0] in ("jax", "flax", "optax", "tensorflow_datasets")]

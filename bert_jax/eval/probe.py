@@ -48,7 +48,8 @@ def _subset(examples: list[Example], max_examples: Optional[int], seed: int) -> 
   return [examples[i] for i in keep]
 
 
-def _features(extractor: Extractor, examples: Sequence[Example], layers, pooling: str) -> np.ndarray:
+def _features(extractor: Extractor, examples: Sequence[Example], layers,
+              pooling: str) -> np.ndarray:
   f = extractor.extract(tasks.inputs(examples), layers=layers, pooling=pooling, progress=False)
   return f.pooled_NxYxD.reshape(len(examples), -1)  # layers side by side
 

@@ -37,7 +37,8 @@ both take it. `spec` is one of:
   (`data_dir`, else $TFDS_DATA_DIR, else ~/tensorflow_datasets) where it is
   already built as array_record (`tfds build glue/cola --file_format=array_record`):
   never downloaded. Splits train, validation(_matched/_mismatched) as dev(_...),
-  test(_...); labels are the dataset's ClassLabel names in its own id order.
+  test(_...); labels are the dataset's ClassLabel names in its own id order
+  (bert_jax.eval.tasks_tfds).
 - a built-in task shipped with the repo: `word_order` (bert_jax.eval.word_order).
 
 A relative directory is also looked up under `data_dir`. Bad input raises
@@ -293,8 +294,9 @@ def _load_glue(name: str, directory: str) -> Task:
 
 def _recognise_header(header: list[str]) -> Optional[str]:
   """The GLUE task whose train.tsv starts with `header` (RTE/WNLI share theirs: None)."""
-  matches = [g.name for g in _GLUE.values() if g.header is not None
-             and (header == list(g.header) or (g.name == "mnli" and header[:4] == list(g.header[:4])))]
+  # MNLI's train header is matched on its first columns (its dev files have more).
+  matches = [g.name for g in _GLUE.values() if g.header is not None and (
+      header == list(g.header) or (g.name == "mnli" and header[:4] == list(g.header[:4])))]
   if len(matches) == 1:
     return matches[0]
   if not matches and len(header) == 4 and header[1] in _BINARY:
@@ -372,87 +374,6 @@ def _load_plain(directory: str) -> Task:
 
 
 # ----------------------------------------------------------------------------
-# TFDS
-
-
-_TFDS_SPLITS = {"train": "train", "validation": "dev", "validation_matched": "dev_matched",
-                "validation_mismatched": "dev_mismatched", "test": "test",
-                "test_matched": "test_matched", "test_mismatched": "test_mismatched"}
-# (text_a, text_b) features of GLUE's TFDS configs, tried in order.
-_TFDS_TEXTS = (("question1", "question2"), ("sentence1", "sentence2"),
-               ("premise", "hypothesis"), ("question", "sentence"), ("sentence", None))
-
-
-def _tfds_data_dir(data_dir: Optional[str]) -> str:
-  return os.path.abspath(os.path.expanduser(
-      data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"))
-
-
-def tfds_examples(records: Sequence[dict], kind: str, where: str) -> list[Example]:
-  """GLUE TFDS records (dicts of features) as Examples; label -1 (test) is None."""
-  if not records:
-    return []
-  first = records[0]
-  for a, b in _TFDS_TEXTS:
-    if a in first and (b is None or b in first):
-      break
-  else:
-    raise TaskError(f"{where}: no text features (it has: {', '.join(sorted(first))}); "
-                    "expected GLUE's sentence/sentence1/sentence2/question/question1/"
-                    "question2/premise/hypothesis")
-  if "label" not in first:
-    raise TaskError(f"{where}: no 'label' feature (it has: {', '.join(sorted(first))})")
-  text = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)
-  out = []
-  for r in records:
-    label = r["label"]
-    if kind == REGRESSION:
-      label = float(label)
-    else:
-      label = None if int(label) < 0 else int(label)
-    out.append(Example(text(r[a]), text(r[b]) if b else None, label))
-  return out
-
-
-def _load_tfds(spec: str, data_dir: Optional[str]) -> Task:
-  name = spec[len(TFDS_PREFIX):]
-  task = name.split("/", 1)[1] if name.startswith("glue/") else ""
-  if task not in _GLUE:
-    raise TaskError(f"task '{spec}': expected tfds:glue/<task> with <task> one of "
-                    f"{', '.join(GLUE_TASKS)}")
-  import tensorflow_datasets as tfds  # heavy: only for tfds: tasks
-  where = _tfds_data_dir(data_dir)
-  built = f"build it once with `tfds build {name} --data_dir {where} --file_format=array_record`"
-  try:
-    # download=False: never starts a download-and-prepare; it must be built already.
-    builder = tfds.builder(name, data_dir=where)
-    if not os.path.isdir(str(builder.data_dir)) or not builder.info.splits:
-      raise FileNotFoundError(builder.data_dir)
-    split_names = list(builder.info.splits)
-    sources = {s: tfds.data_source(name, split=s, data_dir=where, download=False)
-               for s in split_names if s in _TFDS_SPLITS}
-  except Exception as e:  # TFDS raises many types here; all mean "not usable as is"
-    detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise TaskError(f"TFDS dataset '{name}' is not built as array_record in {where} "
-                    f"({built}): {detail[:200]}") from None
-  label = builder.info.features["label"]
-  kind = REGRESSION if task == "stsb" else CLASSIFICATION
-  labels = tuple(label.names) if kind == CLASSIFICATION else ()
-  splits = {}
-  for s, source in sources.items():
-    getitems = getattr(source, "__getitems__", None)
-    idx = list(range(len(source)))
-    records = getitems(idx) if getitems else [source[i] for i in idx]
-    splits[_TFDS_SPLITS[s]] = tfds_examples(records, kind, f"TFDS {name} split {s}")
-  eval_splits = _GLUE[task].eval_files
-  for s in ("train",) + eval_splits:
-    if not splits.get(s):
-      raise TaskError(f"TFDS dataset '{name}' in {where} has no examples in its "
-                      f"{'validation' + s[3:] if s.startswith('dev') else s} split")
-  return Task(task, kind, labels, splits, metric_names(task, kind), eval_splits)
-
-
-# ----------------------------------------------------------------------------
 # Entry point
 
 
@@ -462,7 +383,8 @@ def load_task(spec: str, data_dir: Optional[str] = None) -> Task:
     raise TaskError(f"task {spec!r}: expected a task directory, tfds:glue/<task> or a "
                     "built-in task name")
   if spec.startswith(TFDS_PREFIX):
-    return _load_tfds(spec, data_dir)
+    from bert_jax.eval import tasks_tfds  # TFDS is heavy: imported for tfds: tasks only
+    return tasks_tfds.load(spec, data_dir)
   directory = os.path.expanduser(spec)
   if not os.path.isdir(directory) and data_dir and not os.path.isabs(directory):
     if os.path.isdir(os.path.join(data_dir, directory)):
