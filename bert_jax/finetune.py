@@ -42,12 +42,8 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from bert_jax.errors import BertJaxError, ConfigError
-
-
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):  # one line, like every other bert-jax error
-    raise ConfigError(message)
+from bert_jax import cli as common
+from bert_jax.errors import ConfigError
 
 
 def _floats(flag: str, text: str) -> tuple[float, ...]:
@@ -67,7 +63,7 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = _Parser(prog="python -m bert_jax.finetune",
+  p = common.Parser(prog="python -m bert_jax.finetune",
               description="Fine-tune a bert-jax checkpoint on a GLUE-style task and report "
               "the GLUE metric (every learning rate and seed, and the median over seeds of "
               "the best learning rate).")
@@ -150,16 +146,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  try:
-    run(_parser().parse_args(argv))
-  except BertJaxError as e:
-    print("error: " + " ".join(str(e).split()), file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:
-    print("interrupted", file=sys.stderr)
-    return 130
-  return 0
+  return common.run_main(lambda a: run(_parser().parse_args(a)), argv)
 
 
 def cli() -> None:

@@ -23,15 +23,15 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.errors import ConfigError
 from bert_jax.features.extract import DTYPES, Extractor
-from bert_jax.features.cli import _join_negative_values, _parse_layers, _Parser, _write_atomic
+from bert_jax import cli as common
 
 PROBE_POOLINGS = ("cls", "mean", "pooler")
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = _Parser(prog="python -m bert_jax.probe",
+  p = common.Parser(prog="python -m bert_jax.probe",
               description="Linear probe (L2 logistic regression; ridge for regression tasks) "
               "of a bert-jax checkpoint's features on a task; prints the task's metric(s).")
   p.add_argument("--checkpoint", required=True,
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> dict:
     raise ConfigError(f"--pooling={args.pooling!r}: expected one of {', '.join(PROBE_POOLINGS)}")
   if args.dtype not in DTYPES:
     raise ConfigError(f"--dtype={args.dtype!r}: expected one of {', '.join(DTYPES)}")
-  layers = _parse_layers(args.layers)
+  layers = common.parse_layers(args.layers)
   if args.output is not None:
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):
@@ -87,27 +87,22 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  try:
-    args = _parser().parse_args(_join_negative_values(argv))
-    result = run(args)
-    metric_keys = [k for k in result if "/" in k]
-    for k in metric_keys:
-      print(f"{k}: {result[k]:.4f}")
-    penalty = "C" if "C" in result else "alpha"
-    print(f"probe of {args.checkpoint}: {penalty}={result[penalty]:g} picked on held-out train, "
-          f"{int(result['num_train'])} train examples, {result['seconds']:.1f} s", file=sys.stderr)
-    if args.output is not None:
-      text = json.dumps(result, indent=2, sort_keys=True) + "\n"
-      _write_atomic(args.output, lambda f: f.write(text.encode("utf-8")))
-      print(f"wrote {args.output}", file=sys.stderr)
-  except BertJaxError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:
-    print("interrupted", file=sys.stderr)
-    return 130
-  return 0
+  return common.run_main(_main, argv)
+
+
+def _main(argv: list[str]) -> None:
+  args = _parser().parse_args(common.join_negative_values(argv))
+  result = run(args)
+  metric_keys = [k for k in result if "/" in k]
+  for k in metric_keys:
+    print(f"{k}: {result[k]:.4f}")
+  penalty = "C" if "C" in result else "alpha"
+  print(f"probe of {args.checkpoint}: {penalty}={result[penalty]:g} picked on held-out train, "
+        f"{int(result['num_train'])} train examples, {result['seconds']:.1f} s", file=sys.stderr)
+  if args.output is not None:
+    text = json.dumps(result, indent=2, sort_keys=True) + "\n"
+    common.write_atomic(args.output, lambda f: f.write(text.encode("utf-8")))
+    print(f"wrote {args.output}", file=sys.stderr)
 
 
 def cli() -> None:

@@ -107,7 +107,7 @@ def test_every_module_is_in_a_folder_with_rules_or_tells_the_run_story():
   # everything else lives in a subpackage.
   top = {m for m, path in _modules().items()
          if m.count(".") == 1 and not path.endswith("__init__.py")}
-  allowed = {"bert_jax.settings", "bert_jax.default_config", "bert_jax.train_cli",
+  allowed = {"bert_jax.settings", "bert_jax.default_config", "bert_jax.train_cli", "bert_jax.cli",
              "bert_jax.trainer", "bert_jax.errors", "bert_jax.console", "bert_jax.probe",
              "bert_jax.finetune", "bert_jax.plan"}
   assert top <= allowed, sorted(top - allowed)

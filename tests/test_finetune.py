@@ -11,7 +11,7 @@ import pytest
 
 from bert_jax import finetune as finetune_cli
 from bert_jax.io import checkpointing, convert
-from bert_jax.eval import finetune, tasks
+from bert_jax.eval import classifier, finetune, tasks
 from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import init_params
 from bert_jax.data.tokenizer import SPECIAL_TOKENS
@@ -133,7 +133,7 @@ def test_export_loads_in_transformers_with_the_same_logits(data, cli_run, tmp_pa
   texts = ["the cat sat on a mat", "dog ran to old stone bridge", "bird sang cat cat"]
   tok = transformers.BertTokenizer.from_pretrained(hf_dir)
   enc = tok(texts, padding=True, return_tensors="np")
-  ours = finetune.SequenceClassifier(config, 2).apply(
+  ours = classifier.SequenceClassifier(config, 2).apply(
       {"params": params}, enc["input_ids"], enc["token_type_ids"], enc["attention_mask"])
   with torch.no_grad():
     theirs = model(**{k: torch.tensor(v) for k, v in enc.items()}).logits.numpy()

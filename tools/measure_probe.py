@@ -4,7 +4,7 @@
   python tools/measure_probe.py --checkpoint runs/minilm --random_seeds 3 --json probe.json
 
 Restores the checkpoint's params (any bert-jax checkpoint: trained by train.py
-or imported by `bert_jax.convert from-hf`), then builds the same model config
+or imported by `bert_jax.io.convert from-hf`), then builds the same model config
 with freshly initialised weights (the model's own initialisation, one per
 `--random_seeds` seed) and the same vocabulary, and runs the same linear
 probe (bert_jax.eval.probe: mean-pooled last layer by default, L2 logistic
@@ -31,9 +31,9 @@ import jax  # noqa: E402  (run as a script: the repo root first)
 
 from bert_jax.errors import BertJaxError  # noqa: E402
 from bert_jax.eval import probe, tasks  # noqa: E402
-from bert_jax.features import Extractor  # noqa: E402
-from bert_jax.features_cli import _join_negative_values, _parse_layers  # noqa: E402
-from bert_jax.model import init_params  # noqa: E402
+from bert_jax.features.extract import Extractor  # noqa: E402
+from bert_jax import cli as common  # noqa: E402
+from bert_jax.model.bert import init_params
 
 
 def _stderr(p: float, n: int) -> float:
@@ -97,9 +97,9 @@ def main(argv=None) -> int:
   p.add_argument("--seed", type=int, default=0, help="the probe's held-out split")
   p.add_argument("--data_dir", default=None)
   p.add_argument("--json", default=None, help="also write the results here")
-  args = p.parse_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+  args = p.parse_args(common.join_negative_values(list(sys.argv[1:] if argv is None else argv)))
   try:
-    result = measure(args.checkpoint, args.task, _parse_layers(args.layers), args.pooling,
+    result = measure(args.checkpoint, args.task, common.parse_layers(args.layers), args.pooling,
                      args.random_seeds, args.seed, args.data_dir)
   except BertJaxError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -5,7 +5,7 @@ is (data, model) over every device of every host; data parallel by default,
 parameters optionally sharded over the data axis too ('fsdp').
 """
 
-from typing import Any, Optional
+from typing import Any
 
 import flax.linen as nn
 import jax

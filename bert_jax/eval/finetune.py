@@ -44,7 +44,6 @@ size, C classes (1 for regression).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -52,7 +51,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,22 +59,23 @@ from tqdm import tqdm
 
 from bert_jax import console
 from bert_jax.dist import sharding
-from bert_jax.features import extract as features
+from bert_jax.features import extract as features, restore
 from bert_jax.io import checkpointing
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.eval import metrics as metrics_lib
 from bert_jax.eval import tasks as tasks_lib
-# The pre-training heads' building blocks, so the new head is made exactly as
-# the NSP head is (same initialiser, float32 output, the mixed-precision dot).
+from bert_jax.eval.classifier import SequenceClassifier, init_head
+from bert_jax.eval.finetune_data import Split, encode_split, pad_batch, plan_batches
+# format_table and RESULTS_FILE are re-exported for the command line.
+from bert_jax.eval.finetune_report import (RESULTS_FILE, RunResult, format_table,  # noqa: F401
+                                           run_name, summarize, write_json_atomic)
 from bert_jax.model.config import BertConfig
-from bert_jax.model.bert import BertModel, Dropout, _dense_kw, _init, _zeros
 from bert_jax.settings import OptimizerSettings
 from bert_jax.data.tokenizer import Tokenizer
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_MAX_LENGTH = 128
-RESULTS_FILE = "results.json"
 # Train loss / learning rate go to TensorBoard every this many steps.
 _LOG_EVERY = 20
 
@@ -139,195 +138,6 @@ class Recipe:
       raise ConfigError(f"--dtype={self.dtype!r}: expected one of {', '.join(DTYPES)} "
                         "(default: the checkpoint's)")
     return self
-
-
-# ----------------------------------------------------------------------------
-# The model
-
-
-class SequenceClassifier(nn.Module):
-  """BertModel + dropout + Dense(num_classes) on the pooled output (HF's
-  BertForSequenceClassification); params {"bert": ..., "classifier": ...}."""
-  config: BertConfig
-  num_classes: int
-  head_dropout: float = 0.1
-
-  @nn.compact
-  def __call__(self, ids_BxL, segments_BxL, mask_BxL, deterministic: bool = True):
-    c = self.config
-    pooled_BxD = BertModel(c, name="bert")(ids_BxL, segments_BxL, mask_BxL,
-                                           deterministic).pooled_BxD
-    pooled_BxD = Dropout(self.head_dropout, c.dropout_rng)(pooled_BxD, deterministic=deterministic)
-    return nn.Dense(self.num_classes, **_dense_kw(c, dtype=jnp.float32),
-                    kernel_init=_init(c, ("embed", None)), bias_init=_zeros((None,)),
-                    name="classifier")(pooled_BxD.astype(jnp.float32))
-
-
-def init_head(config: BertConfig, num_classes: int, key: jax.Array) -> dict:
-  """A fresh classifier head, initialised as model.py initialises the NSP head."""
-  kernel = nn.initializers.truncated_normal(config.initializer_range)(
-      key, (config.hidden_size, num_classes), jnp.float32)
-  return {"kernel": np.asarray(kernel), "bias": np.zeros((num_classes,), np.float32)}
-
-
-# ----------------------------------------------------------------------------
-# Data (numpy only)
-
-
-@dataclasses.dataclass
-class Split:
-  """One split, encoded: token ids per example and labels."""
-  ids: list[list[int]]
-  segments: list[list[int]]
-  lengths_N: np.ndarray  # int64, real tokens per example
-  labels_N: np.ndarray  # int32 class ids or float32 targets
-  num_truncated: int
-
-  def __len__(self) -> int:
-    return len(self.ids)
-
-
-def encode_split(tokenizer: Tokenizer, task: tasks_lib.Task, name: str,
-                 max_length: int) -> Split:
-  examples = task.splits[name]
-  unlabelled = sum(e.label is None for e in examples)
-  if unlabelled:
-    raise ConfigError(f"task {task.name}: split '{name}' has {unlabelled} example(s) without a "
-                      "label; expected labels to train or evaluate on")
-  enc = features.encode(tokenizer, tasks_lib.inputs(examples), max_length)
-  dtype = np.float32 if task.kind == "regression" else np.int32
-  return Split(enc.ids, enc.segments, np.array([len(x) for x in enc.ids], np.int64),
-               np.array([e.label for e in examples], dtype), enc.num_truncated)
-
-
-def plan_batches(lengths_N: np.ndarray, bucket_lengths: Sequence[int], batch_size: int,
-                 rng: Optional[np.random.Generator] = None) -> list[tuple[int, np.ndarray]]:
-  """(padded length, rows) per batch; every batch holds rows of one length bucket.
-
-  With `rng` (training): rows are shuffled within their bucket, then the
-  batches are shuffled, so an epoch sees every row once in a random order of
-  same-length batches. Without (evaluation): shortest first. The number of
-  batches depends only on the bucket sizes, so it is the same every epoch.
-  """
-  bucket_lengths = np.asarray(bucket_lengths)
-  bucket_N = bucket_lengths[np.searchsorted(bucket_lengths, lengths_N)]
-  order = np.argsort(lengths_N, kind="stable") if rng is None else rng.permutation(len(lengths_N))
-  batches = []
-  for L in bucket_lengths:
-    rows = order[bucket_N[order] == L]
-    batches += [(int(L), rows[i:i + batch_size]) for i in range(0, len(rows), batch_size)]
-  if rng is not None:
-    batches = [batches[i] for i in rng.permutation(len(batches))]
-  return batches
-
-
-def pad_batch(split: Split, rows: np.ndarray, L: int, B: int) -> dict[str, np.ndarray]:
-  """ids/segments/mask [B, L], labels/weights [B]; filler rows have weight 0."""
-  ids_BxL = np.zeros((B, L), np.int32)
-  segments_BxL = np.zeros((B, L), np.int32)
-  mask_BxL = np.zeros((B, L), np.int32)
-  labels_B = np.zeros((B,), split.labels_N.dtype)
-  weights_B = np.zeros((B,), np.float32)
-  for j, r in enumerate(rows):
-    T = split.lengths_N[r]
-    ids_BxL[j, :T] = split.ids[r]
-    segments_BxL[j, :T] = split.segments[r]
-    mask_BxL[j, :T] = 1
-  labels_B[:len(rows)] = split.labels_N[rows]
-  weights_B[:len(rows)] = 1.0
-  return {"ids": ids_BxL, "segments": segments_BxL, "mask": mask_BxL, "labels": labels_B,
-          "weights": weights_B}
-
-
-# ----------------------------------------------------------------------------
-# Results
-
-
-@dataclasses.dataclass
-class RunResult:
-  learning_rate: float
-  seed: int
-  metrics: dict  # {eval split: {metric: value}} after the last epoch
-  per_epoch: list  # [{eval split: {metric: value}}] after each epoch
-  train_loss: float  # mean over the last epoch's steps (skipped steps left out)
-  steps: int
-  skipped_steps: int  # non-finite loss or gradient (optim.skip_nonfinite)
-  seconds: float
-
-  def to_json(self) -> dict:
-    return dataclasses.asdict(self)
-
-
-def median(values: Sequence[float]) -> float:
-  return float(np.median(np.asarray(values, np.float64)))
-
-
-def summarize(task: tasks_lib.Task, runs: Sequence[RunResult]) -> dict:
-  """Medians over seeds per learning rate; the best learning rate and the best run.
-
-  Selection is by the task's first metric on its first eval split (MNLI:
-  matched accuracy), the median over seeds for the learning rate.
-  """
-  split, metric = task.eval_splits[0], task.metric_names[0]
-  by_lr: dict[float, list[RunResult]] = {}
-  for r in runs:
-    by_lr.setdefault(r.learning_rate, []).append(r)
-  medians = {lr: {s: {m: median([r.metrics[s][m] for r in rs]) for m in task.metric_names}
-                  for s in task.eval_splits} for lr, rs in by_lr.items()}
-  # NaN (e.g. a correlation of constant predictions) never wins.
-  score = lambda v: v if math.isfinite(v) else -math.inf
-  best_lr = max(medians, key=lambda lr: score(medians[lr][split][metric]))
-  best_run = max(runs, key=lambda r: score(r.metrics[split][metric]))
-  return {"selection": {"split": split, "metric": metric},
-          "median_by_learning_rate": [{"learning_rate": lr, "metrics": m,
-                                       "seeds": [r.seed for r in by_lr[lr]]}
-                                      for lr, m in medians.items()],
-          "best_learning_rate": best_lr, "best": medians[best_lr],
-          "best_run": {"learning_rate": best_run.learning_rate, "seed": best_run.seed,
-                       "metrics": best_run.metrics}}
-
-
-def format_table(results: dict) -> str:
-  """The console report: every run, the medians per learning rate, the best."""
-  splits, names = results["eval_splits"], results["metric_names"]
-  cols = [(s, m) for s in splits for m in names]
-  head = [f"{s} {m}" if len(splits) > 1 or s != "dev" else m for s, m in cols]
-  width = [max(9, len(h)) for h in head]
-  fmt = lambda values: "  ".join(f"{v:>{w}.4f}" for v, w in zip(values, width))
-  lines = [f"{'lr':>8}  {'seed':>4}  {'loss':>7}  " + "  ".join(
-      f"{h:>{w}}" for h, w in zip(head, width))]
-  for r in results["runs"]:
-    lines.append(f"{r['learning_rate']:>8.1e}  {r['seed']:>4}  {r['train_loss']:>7.4f}  "
-                 + fmt([r["metrics"][s][m] for s, m in cols]))
-  summary = results["summary"]
-  for row in summary["median_by_learning_rate"]:
-    lines.append(f"{row['learning_rate']:>8.1e}  {'med':>4}  {'':>7}  "
-                 + fmt([row["metrics"][s][m] for s, m in cols]))
-  sel = summary["selection"]
-  best = summary["best"]
-  lines.append(
-      f"best learning rate {summary['best_learning_rate']:g} (by the median of "
-      f"{sel['split']} {sel['metric']} over {len(results['recipe']['seeds'])} seed(s)): "
-      + ", ".join(f"{s} {m} {best[s][m]:.4f}" for s, m in cols))
-  return "\n".join(lines)
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-  tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                     f".{os.path.basename(path)}.tmp-{os.getpid()}")
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(obj, f, indent=2, allow_nan=True)
-      f.write("\n")
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
-def _run_name(lr: float, seed: int) -> str:
-  return f"lr{lr:g}_seed{seed}"
 
 
 # ----------------------------------------------------------------------------
@@ -398,7 +208,7 @@ class FineTuner:
   def from_checkpoint(cls, path: str, task: tasks_lib.Task, recipe: Recipe, *,
                       step: Optional[int] = None,
                       devices: Optional[Sequence[Any]] = None) -> FineTuner:
-    params, config, tokenizer, meta = features.load_checkpoint(path, step, devices=devices)
+    params, config, tokenizer, meta = restore.load_checkpoint(path, step, devices=devices)
     meta = {**meta, "checkpoint": os.path.abspath(path)}
     return cls(params, config, tokenizer, task, recipe, meta=meta, devices=devices)
 
@@ -567,7 +377,7 @@ class FineTuner:
       with console.through(bar):
         for lr in r.learning_rates:
           for seed in r.seeds:
-            reporter = (Reporter(os.path.join(output_dir, "runs", _run_name(lr, seed)))
+            reporter = (Reporter(os.path.join(output_dir, "runs", run_name(lr, seed)))
                         if output_dir is not None else None)
             try:
               result, params = self.run(lr, seed, reporter=reporter, bar=bar)
@@ -586,7 +396,15 @@ class FineTuner:
             del params
     finally:
       bar.close()
-    results = {
+    results = self._results(runs, time.perf_counter() - started)
+    if writes:
+      write_json_atomic(os.path.join(output_dir, RESULTS_FILE), results)
+    return results
+
+  def _results(self, runs: list[RunResult], seconds: float) -> dict:
+    """What results.json holds: the task, the recipe, every run and the summary."""
+    r = self.recipe
+    return {
         "task": self.task.name, "kind": self.task.kind, "labels": list(self.task.labels),
         "metric_names": list(self.task.metric_names),
         "eval_splits": list(self.task.eval_splits),
@@ -597,13 +415,10 @@ class FineTuner:
         "num_examples": {"train": len(self.train_split),
                          **{n: len(s) for n, s in self.eval_data.items()}},
         "devices": self.mesh.devices.size, "platform": jax.devices()[0].platform,
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds,
         "runs": [x.to_json() for x in runs],
         "summary": summarize(self.task, runs),
     }
-    if writes:
-      write_json_atomic(os.path.join(output_dir, RESULTS_FILE), results)
-    return results
 
   # --- saving ---
 
@@ -632,6 +447,6 @@ class FineTuner:
     if self.best_params is None:
       raise ConfigError("save: no fine-tuned run to save; run sweep first")
     meta = self.save_meta(results)
-    with convert._atomic_output_dir(directory, overwrite) as tmp:  # pylint: disable=protected-access
+    with convert.atomic_output_dir(directory, overwrite) as tmp:
       checkpointing.save_params(tmp, meta["step"], self.best_params, meta)
     return os.path.join(os.path.abspath(directory), "checkpoints", str(meta["step"]))

@@ -13,31 +13,22 @@ split: `<task>/<metric>`, or `<task>/<split>/<metric>` when there are several
 (MNLI's dev_matched and dev_mismatched).
 
 From a training loop, keep one Extractor (its compiled programs are reused)
-and hand it the current parameters with `set_params` before each probe.
+and hand it the current parameters with `Extractor.set_params` before each probe.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Optional
 
-import jax
+
 import numpy as np
 
 from bert_jax.errors import ConfigError, TaskError
 from bert_jax.eval import logreg, metrics, tasks
-from bert_jax.eval.tasks import REGRESSION, Example, Task
+from bert_jax.eval.task import REGRESSION, Example, Task
 from bert_jax.features.extract import Extractor
-
-
-def set_params(extractor: Extractor, params: Any) -> None:
-  """Gives `extractor` new parameters of the same shapes (e.g. the trainer's current ones).
-
-  `params` is the BertModel tree (a pre-training tree's params["bert"]); its
-  compiled programs stay valid.
-  """
-  extractor.params = jax.device_put(params, extractor._replicated)
 
 
 def _subset(examples: list[Example], max_examples: Optional[int], seed: int) -> list[Example]:

@@ -50,115 +50,17 @@ No JAX here: the data side of evaluation stays importable without it.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import math
 import os
-import re
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Optional
 
 from bert_jax.errors import TaskError
-
-CLASSIFICATION, REGRESSION = "classification", "regression"
-TFDS_PREFIX = "tfds:"
-BUILTIN_TASKS = ("word_order",)  # shipped with the repo: bert_jax.eval.word_order
-
-
-@dataclasses.dataclass(frozen=True)
-class Example:
-  text_a: str
-  text_b: Optional[str]  # None for single-sentence tasks
-  label: Union[int, float, None]  # class id, float (regression), None (unlabelled test)
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-  name: str
-  kind: str  # "classification" | "regression"
-  labels: tuple[str, ...]  # class names in id order; () for regression
-  splits: dict[str, list[Example]]  # "train", "dev" (or MNLI's two), optional "test..."
-  metric_names: tuple[str, ...]
-  eval_splits: tuple[str, ...]  # ("dev",) or ("dev_matched", "dev_mismatched")
-
-  @property
-  def num_classes(self) -> int:
-    return 1 if self.kind == REGRESSION else len(self.labels)
-
-  def summary(self) -> str:
-    """One line: name, kind, classes and split sizes."""
-    sizes = ", ".join(f"{k} {len(v)}" for k, v in self.splits.items())
-    kind = (f"{len(self.labels)} classes" if self.kind == CLASSIFICATION else "regression")
-    return f"{self.name}: {kind}; {sizes}"
-
-
-def inputs(examples: Sequence[Example]) -> list:
-  """What features.Extractor.extract takes: text_a, or (text_a, text_b) for pairs."""
-  return [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in examples]
-
-
-def metric_names(name: str, kind: str) -> tuple[str, ...]:
-  """GLUE's metric(s) for task `name`; accuracy (classification) or Pearson/Spearman."""
-  if name == "cola":
-    return ("mcc",)
-  if name in ("mrpc", "qqp"):
-    return ("f1", "accuracy")
-  return ("pearson", "spearman") if kind == REGRESSION else ("accuracy",)
-
-
-# ----------------------------------------------------------------------------
-# GLUE directories
-
-
-@dataclasses.dataclass(frozen=True)
-class _Glue:
-  name: str
-  header: Optional[tuple[str, ...]]  # train/dev header; None: headerless (CoLA)
-  text_a: str  # column names (CoLA: of its implied header)
-  text_b: Optional[str]
-  label_col: str  # "LAST" or a column name
-  labels: tuple[str, ...]  # () for regression
-  test_header: tuple[str, ...]
-  eval_files: tuple[str, ...] = ("dev",)
-  test_files: tuple[str, ...] = ("test",)
-
-
-_LAST = "LAST"
-_BINARY = ("0", "1")
-_NLI2 = ("entailment", "not_entailment")
-_COLA_COLUMNS = ("source", "label", "original_label", "sentence")
-_MNLI_TRAIN = ("index", "promptID", "pairID", "genre", "sentence1_binary_parse",
-               "sentence2_binary_parse", "sentence1_parse", "sentence2_parse", "sentence1",
-               "sentence2", "label1", "gold_label")
-_GLUE = {g.name: g for g in (
-    _Glue("cola", None, "sentence", None, "label", _BINARY, ("index", "sentence")),
-    _Glue("sst2", ("sentence", "label"), "sentence", None, _LAST, _BINARY, ("index", "sentence")),
-    _Glue("mrpc", ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"), "#1 String",
-          "#2 String", "Quality", _BINARY, ("index", "#1 ID", "#2 ID", "#1 String", "#2 String")),
-    _Glue("stsb", ("index", "genre", "filename", "year", "old_index", "source1", "source2",
-                   "sentence1", "sentence2", "score"), "sentence1", "sentence2", _LAST, (),
-          ("index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1",
-           "sentence2")),
-    _Glue("qqp", ("id", "qid1", "qid2", "question1", "question2", "is_duplicate"), "question1",
-          "question2", _LAST, _BINARY, ("id", "question1", "question2")),
-    _Glue("mnli", _MNLI_TRAIN, "sentence1", "sentence2", _LAST,
-          ("contradiction", "entailment", "neutral"), _MNLI_TRAIN[:10],
-          ("dev_matched", "dev_mismatched"), ("test_matched", "test_mismatched")),
-    _Glue("qnli", ("index", "question", "sentence", "label"), "question", "sentence", _LAST,
-          _NLI2, ("index", "question", "sentence")),
-    _Glue("rte", ("index", "sentence1", "sentence2", "label"), "sentence1", "sentence2", _LAST,
-          _NLI2, ("index", "sentence1", "sentence2")),
-    _Glue("wnli", ("index", "sentence1", "sentence2", "label"), "sentence1", "sentence2", _LAST,
-          _BINARY, ("index", "sentence1", "sentence2")),
-)}
-GLUE_TASKS = tuple(_GLUE)
-_GLUE_DISPLAY = "CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI"
-
-
-def _glue_name(dirname: str) -> Optional[str]:
-  key = re.sub(r"[-_ ]", "", os.path.basename(os.path.normpath(dirname)).lower())
-  return key if key in _GLUE else None
-
+# The types are re-exported: callers write tasks.load_task, tasks.Task, tasks.inputs.
+from bert_jax.eval.task import (BINARY, BUILTIN_TASKS, CLASSIFICATION, COLA_COLUMNS, GLUE,
+                                GLUE_DISPLAY, GLUE_TASKS, LAST, REGRESSION, TFDS_PREFIX, Example,
+                                Glue, Task, glue_name, inputs, metric_names)
 
 def _text(path: str) -> str:
   if not os.path.isfile(path):
@@ -218,11 +120,11 @@ def _columns(path: str, header: list[str], want: Sequence[str], what: str) -> di
   return {name: header.index(name) for name in want}
 
 
-def _read_glue_file(g: _Glue, path: str, labelled: bool) -> list[tuple[int, str, str, str]]:
+def _read_glue_file(g: Glue, path: str, labelled: bool) -> list[tuple[int, str, str, str]]:
   """(line, text_a, text_b or None, raw label or None) per example of one GLUE file."""
   rows = _rows(path)
   if labelled and g.header is None:  # CoLA train/dev: headerless, exactly 4 columns
-    header, body = list(_COLA_COLUMNS), rows
+    header, body = list(COLA_COLUMNS), rows
     what = "CoLA's 4 headerless columns source, label, original label, sentence"
   else:
     header, body = rows[0][1], rows[1:]
@@ -231,8 +133,8 @@ def _read_glue_file(g: _Glue, path: str, labelled: bool) -> list[tuple[int, str,
   texts = [g.text_a] + ([g.text_b] if g.text_b else [])
   label_name = None
   if labelled:
-    label_name = header[-1] if g.label_col == _LAST else g.label_col
-    if g.header is not None and g.label_col == _LAST and header[-1] != g.header[-1]:
+    label_name = header[-1] if g.label_col == LAST else g.label_col
+    if g.header is not None and g.label_col == LAST and header[-1] != g.header[-1]:
       raise TaskError(f"{path}: header ends with '{header[-1]}'; expected {what} "
                       f"(labels in the last column, '{g.header[-1]}')")
   cols = _columns(path, header, texts + ([label_name] if labelled else []), what)
@@ -245,7 +147,7 @@ def _read_glue_file(g: _Glue, path: str, labelled: bool) -> list[tuple[int, str,
                       f"expected {len(header)} ({what})")
     label = None
     if labelled:
-      label = fields[-1] if g.label_col == _LAST else fields[cols[label_name]]
+      label = fields[-1] if g.label_col == LAST else fields[cols[label_name]]
     out.append((line, fields[cols[g.text_a]], fields[cols[g.text_b]] if g.text_b else None,
                 label))
   return out
@@ -278,7 +180,7 @@ def _labelled(rows, path: str, kind: str, labels: tuple[str, ...], where: str) -
 
 
 def _load_glue(name: str, directory: str) -> Task:
-  g = _GLUE[name]
+  g = GLUE[name]
   kind = REGRESSION if not g.labels else CLASSIFICATION
   where = f"{name.upper()}'s labels"
   splits = {}
@@ -295,11 +197,11 @@ def _load_glue(name: str, directory: str) -> Task:
 def _recognise_header(header: list[str]) -> Optional[str]:
   """The GLUE task whose train.tsv starts with `header` (RTE/WNLI share theirs: None)."""
   # MNLI's train header is matched on its first columns (its dev files have more).
-  matches = [g.name for g in _GLUE.values() if g.header is not None and (
+  matches = [g.name for g in GLUE.values() if g.header is not None and (
       header == list(g.header) or (g.name == "mnli" and header[:4] == list(g.header[:4])))]
   if len(matches) == 1:
     return matches[0]
-  if not matches and len(header) == 4 and header[1] in _BINARY:
+  if not matches and len(header) == 4 and header[1] in BINARY:
     return "cola"  # headerless: the first line is already an example
   return None
 
@@ -402,13 +304,13 @@ def load_task(spec: str, data_dir: Optional[str] = None) -> Task:
   train = os.path.join(directory, "train.tsv")
   if not os.path.isfile(train):
     raise TaskError(f"task directory {directory} has no train.tsv; expected train.tsv and "
-                    f"dev.tsv (a plain task or a GLUE task: {_GLUE_DISPLAY})")
+                    f"dev.tsv (a plain task or a GLUE task: {GLUE_DISPLAY})")
   header = _first_row(train)
   if header in _PLAIN_HEADERS:
     return _load_plain(directory)
-  name = _glue_name(directory) or _recognise_header(header)
+  name = glue_name(directory) or _recognise_header(header)
   if name is None:
     raise TaskError(f"{train}: header '{_tsv(header)}' is neither 'label<TAB>text"
                     f"[<TAB>text_b]' nor a GLUE task's; expected a plain task, or a GLUE "
-                    f"directory named after its task ({_GLUE_DISPLAY})")
+                    f"directory named after its task ({GLUE_DISPLAY})")
   return _load_glue(name, directory)

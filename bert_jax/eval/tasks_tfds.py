@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from bert_jax.errors import TaskError
-from bert_jax.eval.tasks import (_GLUE, CLASSIFICATION, GLUE_TASKS, REGRESSION, TFDS_PREFIX,
+from bert_jax.eval.task import (GLUE, CLASSIFICATION, GLUE_TASKS, REGRESSION, TFDS_PREFIX,
                                  Example, Task, metric_names)
 
 _TFDS_SPLITS = {"train": "train", "validation": "dev", "validation_matched": "dev_matched",
@@ -62,7 +62,7 @@ def load(spec: str, data_dir: Optional[str] = None) -> Task:
   """The task `tfds:glue/<task>` names, fully read; not built there is a TaskError."""
   name = spec[len(TFDS_PREFIX):]
   task = name.split("/", 1)[1] if name.startswith("glue/") else ""
-  if task not in _GLUE:
+  if task not in GLUE:
     raise TaskError(f"task '{spec}': expected tfds:glue/<task> with <task> one of "
                     f"{', '.join(GLUE_TASKS)}")
   import tensorflow_datasets as tfds  # heavy: only for tfds: tasks
@@ -89,7 +89,7 @@ def load(spec: str, data_dir: Optional[str] = None) -> Task:
     idx = list(range(len(source)))
     records = getitems(idx) if getitems else [source[i] for i in idx]
     splits[_TFDS_SPLITS[s]] = tfds_examples(records, kind, f"TFDS {name} split {s}")
-  eval_splits = _GLUE[task].eval_files
+  eval_splits = GLUE[task].eval_files
   for s in ("train",) + eval_splits:
     if not splits.get(s):
       raise TaskError(f"TFDS dataset '{name}' in {where} has no examples in its "

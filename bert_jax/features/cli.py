@@ -28,6 +28,7 @@ from typing import Optional
 import jax
 import numpy as np
 
+from bert_jax import cli as common
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.features.extract import DTYPES, POOLINGS, Extractor, Features
 from bert_jax.data.tokenizer import CLS, SEP
@@ -80,27 +81,13 @@ def read_inputs(path: str) -> list[str]:
   return lines
 
 
-def _write_atomic(path: str, write) -> None:
-  # Write next to the target, then rename: a failure never leaves a partial file.
-  tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                     f".{os.path.basename(path)}.tmp-{os.getpid()}")
-  try:
-    with open(tmp, "wb") as f:
-      write(f)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
 def write_features(path: str, features: Features) -> None:
   """`.npy`: pooled [N, Y, D]; `.npz`: per-token arrays (module docstring)."""
   ext = os.path.splitext(path)[1].lower()
   if ext == ".npy":
     if features.pooled_NxYxD is None:
       raise ConfigError(f"output '{path}': per-token features need a .npz file")
-    _write_atomic(path, lambda f: np.save(f, features.pooled_NxYxD))
+    common.write_atomic(path, lambda f: np.save(f, features.pooled_NxYxD))
   elif ext == ".npz":
     if features.hidden_TxYxD is None:
       raise ConfigError(f"output '{path}': pooled features need a .npy file")
@@ -113,28 +100,13 @@ def write_features(path: str, features: Features) -> None:
         "token_ids": np.concatenate(features.token_ids).astype(np.int32),
         "segment_ids": np.concatenate(features.segment_ids).astype(np.int32),
         "layers": np.asarray(features.layers, np.int32)}
-    _write_atomic(path, lambda f: np.savez(f, **arrays))
+    common.write_atomic(path, lambda f: np.savez(f, **arrays))
   else:
     raise ConfigError(f"output '{path}': expected a .npy (pooled) or .npz (per-token) file")
 
 
 # ----------------------------------------------------------------------------
 # CLI
-
-
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):  # one line, like every other bert-jax error
-    raise ConfigError(message)
-
-
-def _parse_layers(text: str) -> tuple[int, ...] | str:
-  if text.strip().lower() == "all":
-    return "all"  # every layer, resolved against the checkpoint's num_layers
-  try:
-    return tuple(int(x) for x in text.split(","))
-  except ValueError:
-    raise ConfigError(f"--layers={text!r}: expected comma-separated integers "
-                      "such as -1 or -4,-3,-2,-1, or all") from None
 
 
 def _parse_expect(text: str) -> dict:
@@ -151,7 +123,7 @@ def _parse_expect(text: str) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = _Parser(prog="python -m bert_jax.features",
+  p = common.Parser(prog="python -m bert_jax.features",
               description="Per-token or pooled BERT features of a text file, one input per "
               "line (a text or 'A<TAB>B'), from a bert-jax checkpoint.")
   p.add_argument("--checkpoint", required=True,
@@ -176,26 +148,13 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
-def _join_negative_values(argv: list[str]) -> list[str]:
-  # argparse would take "-4,-3,-2,-1" after --layers for an option name.
-  out, i = [], 0
-  while i < len(argv):
-    if argv[i] == "--layers" and i + 1 < len(argv):
-      out.append(f"--layers={argv[i + 1]}")
-      i += 2
-    else:
-      out.append(argv[i])
-      i += 1
-  return out
-
-
 def run(args: argparse.Namespace) -> Features:
   """Checks the cheap things first so bad input fails before any restore."""
   if args.pooling not in POOLINGS:
     raise ConfigError(f"--pooling={args.pooling!r}: expected one of {', '.join(POOLINGS)}")
   if args.dtype not in DTYPES:
     raise ConfigError(f"--dtype={args.dtype!r}: expected one of {', '.join(DTYPES)}")
-  layers = _parse_layers(args.layers)
+  layers = common.parse_layers(args.layers)
   ext = os.path.splitext(args.output)[1].lower()
   if ext not in (".npy", ".npz"):
     raise ConfigError(f"--output '{args.output}': expected a .npy (pooled) or .npz "
@@ -221,19 +180,14 @@ def run(args: argparse.Namespace) -> Features:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  try:
-    args = _parser().parse_args(_join_negative_values(argv))
-    feats = run(args)
-  except BertJaxError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:
-    print("interrupted", file=sys.stderr)
-    return 130
+  return common.run_main(_main, argv)
+
+
+def _main(argv: list[str]) -> None:
+  args = _parser().parse_args(common.join_negative_values(argv))
+  feats = run(args)
   print(f"wrote {args.output}: {feats.throughput()} on {jax.device_count()} "
         f"{jax.devices()[0].platform} device(s)", file=sys.stderr)
-  return 0
 
 
 def cli() -> None:

@@ -30,23 +30,21 @@ one input, Y selected layers, D hidden size.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
 from bert_jax.dist import sharding
-from bert_jax.io import checkpointing
+from bert_jax.features import restore
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.model.config import BertConfig
-from bert_jax.model.bert import BertModel, abstract_params
+from bert_jax.model.bert import BertModel
 from bert_jax.data.tokenizer import Tokenizer
 
 POOLINGS = ("cls", "mean", "pooler", "none")
@@ -191,64 +189,6 @@ def resolve_layers(layers: Sequence[int] | str, num_layers: int) -> tuple[int, .
   return tuple(out)
 
 
-def _check_params(params: Any, config: BertConfig, where: str) -> None:
-  """The restored tree must be exactly the tree `config` builds."""
-  want = nn.meta.unbox(abstract_params(config))["bert"]  # the encoder of the pre-training tree
-  name = lambda path: "/".join(str(getattr(k, "key", k)) for k in path)
-  want = {name(p): x.shape for p, x in jax.tree_util.tree_flatten_with_path(want)[0]}
-  have = {name(p): x.shape for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-  for k, shape in want.items():
-    if k not in have:
-      raise CheckpointError(f"checkpoint {where}: param bert/{k} is missing "
-                            "for the model_config in its meta")
-    if tuple(have[k]) != tuple(shape):
-      raise CheckpointError(f"checkpoint {where}: param bert/{k} has shape {tuple(have[k])}, "
-                            f"the model_config in its meta gives {tuple(shape)}")
-  extra = sorted(set(have) - set(want))
-  if extra:
-    raise CheckpointError(f"checkpoint {where}: unexpected param bert/{extra[0]} "
-                          "for the model_config in its meta")
-
-
-def load_checkpoint(path: str, step: Optional[int] = None,
-                    expect_config: Optional[Mapping[str, Any]] = None,
-                    devices: Optional[Sequence[Any]] = None
-                    ) -> tuple[Any, BertConfig, Tokenizer, dict]:
-  """(encoder params, config, tokenizer, meta) of a workdir, checkpoints/ or step dir.
-
-  Only the params are restored (never the optimizer state), replicated over
-  `devices`; the BertModel tree is returned (a pre-training tree's heads are
-  dropped). `expect_config` (e.g. {"num_layers": 12}) must match the
-  checkpoint's model config field by field.
-  """
-  if os.path.isfile(path):
-    raise CheckpointError(f"checkpoint {path}: is a file; expected a checkpoint directory "
-                          "(a workdir, its checkpoints/ folder or a step folder)")
-  devices = list(jax.devices() if devices is None else devices)
-  replicated = sharding.replicated(sharding.make_mesh(1, devices))
-  params, meta = checkpointing.restore_params(path, step, sharding=replicated)
-  for key in ("model_config", "vocab", "lowercase"):
-    if key not in meta:
-      raise CheckpointError(f"checkpoint {path}: its meta has no '{key}'; expected a "
-                            "checkpoint written by train.py or bert_jax.io.convert")
-  try:
-    config = BertConfig.from_dict(meta["model_config"]).validate()
-  except (TypeError, ValueError) as e:
-    raise CheckpointError(f"checkpoint {path}: unreadable model_config in meta ({e})") from None
-  for key, want in (expect_config or {}).items():
-    if key not in meta["model_config"]:
-      raise ConfigError(f"expect_config: {key!r} is not a model config field "
-                        f"(fields: {', '.join(sorted(meta['model_config']))})")
-    if meta["model_config"][key] != want:
-      raise CheckpointError(f"checkpoint {path} has model {key}={meta['model_config'][key]!r} "
-                            f"but {want!r} was expected")
-  if isinstance(params, Mapping) and "bert" in params:
-    params = params["bert"]  # a BertForPreTraining tree: heads are not needed
-  _check_params(params, config, path)
-  tokenizer = Tokenizer(meta["vocab"], meta["lowercase"], source=f"checkpoint {path} vocab")
-  return params, config, tokenizer, meta
-
-
 class Extractor:
   """A BertModel with restored params, jitted once per padded length."""
 
@@ -301,9 +241,17 @@ class Extractor:
     model config field by field.
     """
     devices = list(jax.devices() if devices is None else devices)
-    params, config, tokenizer, _ = load_checkpoint(path, step, expect_config, devices)
+    params, config, tokenizer, _ = restore.load_checkpoint(path, step, expect_config, devices)
     return cls(params, config, tokenizer, dtype=dtype, max_length=max_length,
                batch_size=batch_size, devices=devices)
+
+  def set_params(self, params: Any) -> None:
+    """New parameters of the same shapes (e.g. a training run's current ones).
+
+    `params` is the BertModel tree (a pre-training tree's params["bert"]); the
+    programs compiled so far stay valid.
+    """
+    self.params = jax.device_put(params, self._replicated)
 
   # --- compiled programs ---
 

@@ -36,8 +36,9 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from bert_jax import cli as common
 from bert_jax.io import checkpointing
-from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.errors import ConfigError
 from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, POOLER, TF_IGNORED, ConvertError,
                                  ImportReport, bert_config_from_hf, hf_config_from_bert,
                                  hf_state_to_params, params_to_hf_state, tf_to_hf)
@@ -150,7 +151,7 @@ def read_vocab(directory: str, config: BertConfig, lowercase: bool,
 
 
 @contextlib.contextmanager
-def _atomic_output_dir(out_dir: str, overwrite: bool) -> Iterator[str]:
+def atomic_output_dir(out_dir: str, overwrite: bool) -> Iterator[str]:
   """Yields a temp dir beside `out_dir` that becomes `out_dir` only if the block succeeds."""
   out_dir = os.path.abspath(out_dir)
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
@@ -176,7 +177,7 @@ def _atomic_output_dir(out_dir: str, overwrite: bool) -> Iterator[str]:
 
 
 def _save_imported(out_dir: str, overwrite: bool, params: dict, meta: dict) -> str:
-  with _atomic_output_dir(out_dir, overwrite) as tmp:
+  with atomic_output_dir(out_dir, overwrite) as tmp:
     checkpointing.save_params(tmp, 0, params, meta)
   return os.path.join(os.path.abspath(out_dir), "checkpoints", "0")
 
@@ -283,7 +284,7 @@ def export_hf(ckpt: str, out_dir: str, step: Optional[int] = None,
   tok_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lowercase,
                 "strip_accents": None, "tokenize_chinese_chars": True,
                 "model_max_length": config.max_position_embeddings, **specials}
-  with _atomic_output_dir(out_dir, overwrite) as tmp:
+  with atomic_output_dir(out_dir, overwrite) as tmp:
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     for name, obj in (("config.json", hf_config_from_bert(config, meta.get("classifier"))),
                       ("tokenizer_config.json", tok_config),
@@ -324,7 +325,7 @@ def _print_import(meta: dict, heads: bool) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m bert_jax.io.convert", description=__doc__.split(
+  p = common.Parser(prog="python -m bert_jax.io.convert", description=__doc__.split(
       "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
   for name, src in (("from-hf", "HF_DIR"), ("from-tf", "TF_DIR")):
@@ -346,26 +347,26 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  return common.run_main(_main, argv)
+
+
+def _main(argv: list[str]) -> None:
   args = _parser().parse_args(argv)
-  try:
-    if args.command == "to-hf":
-      meta = export_hf(args.source, args.out_dir, step=args.step, overwrite=args.overwrite)
-      print(f"exported {os.path.abspath(args.source)} (step {meta.get('step')}) -> "
-            f"{os.path.abspath(args.out_dir)}")
-      initialised = [g for g, s in meta.get("heads", {}).items() if s == "initialised"]
-      if initialised:
-        print("  note: " + ", ".join(GROUP_NAMES[g] for g in initialised)
-              + " were randomly initialised at import, not trained")
-      return 0
-    lower = {"auto": None, "true": True, "false": False}[args.lowercase]
-    run = import_hf if args.command == "from-hf" else import_tf
-    meta = run(args.source, args.out_dir, heads=not args.no_heads, overwrite=args.overwrite,
-               seed=args.seed, lowercase=lower)
-    _print_import(meta, not args.no_heads)
-    return 0
-  except BertJaxError as e:
-    print("error: " + " ".join(str(e).split()), file=sys.stderr)
-    return 2
+  if args.command == "to-hf":
+    meta = export_hf(args.source, args.out_dir, step=args.step, overwrite=args.overwrite)
+    print(f"exported {os.path.abspath(args.source)} (step {meta.get('step')}) -> "
+          f"{os.path.abspath(args.out_dir)}")
+    initialised = [g for g, s in meta.get("heads", {}).items() if s == "initialised"]
+    if initialised:
+      print("  note: " + ", ".join(GROUP_NAMES[g] for g in initialised)
+            + " were randomly initialised at import, not trained")
+    return
+  lower = {"auto": None, "true": True, "false": False}[args.lowercase]
+  run = import_hf if args.command == "from-hf" else import_tf
+  meta = run(args.source, args.out_dir, heads=not args.no_heads, overwrite=args.overwrite,
+             seed=args.seed, lowercase=lower)
+  _print_import(meta, not args.no_heads)
+  return
 
 
 def cli() -> None:

@@ -8,7 +8,6 @@ Shape legend: B batch, L sequence length, D hidden size, H attention heads,
 K head size (D / H), F feed-forward size, P masked positions, V padded vocab.
 """
 
-import dataclasses
 import functools
 from typing import Any, Optional
 
@@ -34,21 +33,21 @@ class PreTrainingOutput:
   encoder: BertOutput
 
 
-def _init(config: BertConfig, names: tuple):
+def normal_init(config: BertConfig, names: tuple):
   # The reference initialises every weight from a normal truncated at 2 stddev.
   return nn.with_logical_partitioning(
       nn.initializers.truncated_normal(config.initializer_range), names)
 
 
-def _zeros(names: tuple):
+def zeros_init(names: tuple):
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
 
 
-def _ones(names: tuple):
+def ones_init(names: tuple):
   return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
 
 
-def _dense_kw(config: BertConfig, dtype=None) -> dict:
+def dense_kw(config: BertConfig, dtype=None) -> dict:
   """dtype/dot_general for nn.Dense and nn.DenseGeneral.
 
   float32 mode: flax's own dot, unchanged (bit-for-bit the reference path).
@@ -78,7 +77,7 @@ class LayerNorm(nn.Module):
     c = self.config
     return nn.LayerNorm(
         epsilon=c.layer_norm_eps, dtype=c.compute_dtype, param_dtype=jnp.float32,
-        scale_init=_ones(("embed",)), bias_init=_zeros(("embed",)),
+        scale_init=ones_init(("embed",)), bias_init=zeros_init(("embed",)),
         name="norm")(x.astype(jnp.float32)).astype(c.compute_dtype)
 
 
@@ -161,13 +160,13 @@ class Embeddings(nn.Module):
     c = self.config
     self.word_embeddings = nn.Embed(
         c.padded_vocab_size, c.hidden_size, dtype=c.compute_dtype,
-        embedding_init=_init(c, ("vocab", "embed")))
+        embedding_init=normal_init(c, ("vocab", "embed")))
     self.position_embeddings = nn.Embed(
         c.max_position_embeddings, c.hidden_size, dtype=c.compute_dtype,
-        embedding_init=_init(c, ("length", "embed")))
+        embedding_init=normal_init(c, ("length", "embed")))
     self.token_type_embeddings = nn.Embed(
         c.type_vocab_size, c.hidden_size, dtype=c.compute_dtype,
-        embedding_init=_init(c, (None, "embed")))
+        embedding_init=normal_init(c, (None, "embed")))
     self.LayerNorm = LayerNorm(c)
     self.dropout = Dropout(c.dropout_rate, c.dropout_rng)
 
@@ -196,9 +195,9 @@ class SelfAttention(nn.Module):
     head_dim = c.hidden_size // c.num_heads
     cd = c.compute_dtype
     proj = functools.partial(
-        nn.DenseGeneral, features=(c.num_heads, head_dim), **_dense_kw(c),
-        kernel_init=_init(c, ("embed", "heads", "kv")),
-        bias_init=_zeros(("heads", "kv")))
+        nn.DenseGeneral, features=(c.num_heads, head_dim), **dense_kw(c),
+        kernel_init=normal_init(c, ("embed", "heads", "kv")),
+        bias_init=zeros_init(("heads", "kv")))
     q_BxLxHxK = proj(name="query")(x_BxLxD).astype(cd)
     k_BxLxHxK = proj(name="key")(x_BxLxD).astype(cd)
     v_BxLxHxK = proj(name="value")(x_BxLxD).astype(cd)
@@ -210,9 +209,9 @@ class SelfAttention(nn.Module):
         p_BxHxLxL, deterministic=deterministic).astype(cd)
     o_BxLxHxK = _einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK, None if not c.mixed else cd)
     return nn.DenseGeneral(
-        c.hidden_size, axis=(-2, -1), **_dense_kw(c),
-        kernel_init=_init(c, ("heads", "kv", "embed")),
-        bias_init=_zeros(("embed",)), name="output")(o_BxLxHxK).astype(cd)
+        c.hidden_size, axis=(-2, -1), **dense_kw(c),
+        kernel_init=normal_init(c, ("heads", "kv", "embed")),
+        bias_init=zeros_init(("embed",)), name="output")(o_BxLxHxK).astype(cd)
 
 
 class TransformerLayer(nn.Module):
@@ -226,13 +225,13 @@ class TransformerLayer(nn.Module):
     a_BxLxD = SelfAttention(c, name="attention")(x_BxLxD, bias_Bx1x1xL, deterministic)
     x_BxLxD = LayerNorm(c, name="attention_LayerNorm")(
         x_BxLxD + drop(a_BxLxD, deterministic=deterministic))
-    h_BxLxF = nn.Dense(c.intermediate_size, **_dense_kw(c),
-                       kernel_init=_init(c, ("embed", "mlp")),
-                       bias_init=_zeros(("mlp",)), name="intermediate")(x_BxLxD)
+    h_BxLxF = nn.Dense(c.intermediate_size, **dense_kw(c),
+                       kernel_init=normal_init(c, ("embed", "mlp")),
+                       bias_init=zeros_init(("mlp",)), name="intermediate")(x_BxLxD)
     h_BxLxF = gelu(c, h_BxLxF.astype(c.compute_dtype))
-    o_BxLxD = nn.Dense(c.hidden_size, **_dense_kw(c),
-                       kernel_init=_init(c, ("mlp", "embed")),
-                       bias_init=_zeros(("embed",)), name="output")(h_BxLxF)
+    o_BxLxD = nn.Dense(c.hidden_size, **dense_kw(c),
+                       kernel_init=normal_init(c, ("mlp", "embed")),
+                       bias_init=zeros_init(("embed",)), name="output")(h_BxLxF)
     o_BxLxD = o_BxLxD.astype(c.compute_dtype)
     return LayerNorm(c, name="output_LayerNorm")(
         x_BxLxD + drop(o_BxLxD, deterministic=deterministic))
@@ -247,9 +246,9 @@ class BertModel(nn.Module):
     self.embeddings = Embeddings(c)
     layer_cls = nn.remat(TransformerLayer, static_argnums=(3,)) if c.remat else TransformerLayer
     self.layers = [layer_cls(c, name=f"layer_{i}") for i in range(c.num_layers)]
-    self.pooler = nn.Dense(c.hidden_size, **_dense_kw(c),
-                           kernel_init=_init(c, ("embed", "mlp")),
-                           bias_init=_zeros(("mlp",)))
+    self.pooler = nn.Dense(c.hidden_size, **dense_kw(c),
+                           kernel_init=normal_init(c, ("embed", "mlp")),
+                           bias_init=zeros_init(("mlp",)))
 
   def __call__(self, ids_BxL, segments_BxL, mask_BxL, deterministic: bool = True,
                output_hidden_states: bool = False) -> BertOutput:
@@ -272,14 +271,14 @@ class BertForPreTraining(nn.Module):
   def setup(self):
     c = self.config
     self.bert = BertModel(c)
-    self.mlm_dense = nn.Dense(c.hidden_size, **_dense_kw(c),
-                              kernel_init=_init(c, ("embed", "mlp")),
-                              bias_init=_zeros(("mlp",)))
+    self.mlm_dense = nn.Dense(c.hidden_size, **dense_kw(c),
+                              kernel_init=normal_init(c, ("embed", "mlp")),
+                              bias_init=zeros_init(("mlp",)))
     self.mlm_LayerNorm = LayerNorm(c)
-    self.mlm_bias = self.param("mlm_bias", _zeros(("vocab",)), (c.padded_vocab_size,))
-    self.nsp = nn.Dense(2, **_dense_kw(c, dtype=jnp.float32),
-                        kernel_init=_init(c, ("embed", None)),
-                        bias_init=_zeros((None,)))
+    self.mlm_bias = self.param("mlm_bias", zeros_init(("vocab",)), (c.padded_vocab_size,))
+    self.nsp = nn.Dense(2, **dense_kw(c, dtype=jnp.float32),
+                        kernel_init=normal_init(c, ("embed", None)),
+                        bias_init=zeros_init((None,)))
 
   def __call__(self, ids_BxL, segments_BxL, mask_BxL, positions_BxP,
                deterministic: bool = True, output_hidden_states: bool = False

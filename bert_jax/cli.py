@@ -1,0 +1,80 @@
+"""What every bert-jax command shares: flags that fail in one line, one error wording.
+
+`train.py` reads its config with absl + ml_collections (`--config.FIELD=VALUE`,
+bert_jax.train_cli); the other commands (features, convert, probe, finetune,
+plan) take plain flags through `Parser`. Both end the same way on bad input:
+one `error: ...` line on stderr and exit status 2, nothing written; Ctrl-C is
+`interrupted` and 130.
+"""
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Optional
+
+from bert_jax.errors import BertJaxError, ConfigError
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse whose usage errors are a ConfigError (one line), not a usage dump."""
+
+  def error(self, message):
+    raise ConfigError(message)
+
+
+def error_line(e: BaseException) -> str:
+  """The one line a command prints for a BertJaxError."""
+  return "error: " + " ".join(str(e).split())
+
+
+def run_main(body: Callable[[list[str]], None], argv: Optional[Sequence[str]] = None) -> int:
+  """Runs a command's `body(argv)`; its exit status (0, 2 bad input, 130 interrupted)."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  try:
+    body(argv)
+  except BertJaxError as e:
+    print(error_line(e), file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    return 130
+  return 0
+
+
+def parse_layers(text: str) -> tuple[int, ...] | str:
+  """--layers: comma-separated indices (0 = embeddings, -1 = last layer) or 'all'."""
+  if text.strip().lower() == "all":
+    return "all"  # every layer, resolved against the checkpoint's num_layers
+  try:
+    return tuple(int(x) for x in text.split(","))
+  except ValueError:
+    raise ConfigError(f"--layers={text!r}: expected comma-separated integers "
+                      "such as -1 or -4,-3,-2,-1, or all") from None
+
+
+def join_negative_values(argv: list[str], flags: Sequence[str] = ("--layers",)) -> list[str]:
+  """argparse would take "-4,-3,-2,-1" after --layers for an option name: join them."""
+  out, i = [], 0
+  while i < len(argv):
+    if argv[i] in flags and i + 1 < len(argv):
+      out.append(f"{argv[i]}={argv[i + 1]}")
+      i += 2
+    else:
+      out.append(argv[i])
+      i += 1
+  return out
+
+
+def write_atomic(path: str, write: Callable) -> None:
+  """Writes next to the target, then renames: a failure never leaves a partial file."""
+  tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
+                     f".{os.path.basename(path)}.tmp-{os.getpid()}")
+  try:
+    with open(tmp, "wb") as f:
+      write(f)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
