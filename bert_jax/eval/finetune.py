@@ -1,12 +1,8 @@
 """Fine-tuning a bert-jax checkpoint on a downstream task (GLUE-style), and its report.
 
-The model is the checkpoint's encoder and pooler (`model.BertModel`, restored
-params-only as feature extraction restores them) plus a new head on the
-pooled output: dropout (0.1) then a Dense layer of `num_classes` outputs
-(softmax cross-entropy), or of 1 output for a regression task (mean squared
-error). It computes in the checkpoint's dtype, on the same (data, model) mesh
-as pre-training (`sharding.make_mesh`): every batch is split over the data
-axis, parameters and optimizer state are replicated.
+The model (eval/classifier.py) is the checkpoint's encoder and pooler plus a
+new head; it computes in the checkpoint's dtype on pre-training's (data,
+model) mesh: batches split over the data axis, state replicated.
 
 The recipe is the BERT paper's: AdamW with pre-training's weight-decay mask
 and its warm-up-then-linear-decay schedule (`optim.make_optimizer`: 10% of the
