@@ -101,6 +101,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.mesh.model_parallel = 1  # devices on the 'model' axis; the rest do data parallel
   c.mesh.param_sharding = "replicated"  # 'replicated' | 'fsdp' (params sharded over data)
 
+  # --- downstream: linear probes of the current parameters at every evaluation ---
+  c.probe = ml_collections.ConfigDict()
+  c.probe.tasks = ()  # e.g. ('word_order',) or GLUE / plain task dirs (bert_jax.eval.tasks)
+  c.probe.layers = (-1,)  # hidden states probed (-1 = last layer; several are concatenated)
+  c.probe.pooling = "mean"  # 'mean', 'cls' or 'pooler'
+  c.probe.max_examples = 0  # per split, a seeded subset; 0 = every example
+  c.probe.data_dir = ""  # where relative task dirs and tfds:glue/<task> are looked up
+
   # --- bookkeeping ---
   c.log_every = 100  # steps between train metrics and throughput lines
   c.eval_every = 10_000  # steps between evaluations

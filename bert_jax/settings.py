@@ -192,6 +192,34 @@ class RunSettings:
       raise _fail("eval_batches", self.eval_batches, "an integer >= 0 (0 = the whole eval split)")
 
 
+PROBE_POOLINGS = ("mean", "cls", "pooler")  # bert_jax.features.extract's, less per-token 'none'
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSettings:
+  """`config.probe`: linear probes (bert_jax.eval.probe) of the parameters at every eval."""
+  tasks: tuple = ()
+  layers: tuple = (-1,)
+  pooling: str = "mean"
+  max_examples: int = 0  # per split; 0 = all
+  data_dir: str = ""
+
+  def __post_init__(self):
+    if (not isinstance(self.tasks, (tuple, list))
+        or not all(isinstance(t, str) and t.strip() for t in self.tasks)):
+      raise _fail("probe.tasks", self.tasks, "a tuple of task names or directories, e.g. "
+                  "\"('word_order',)\" (bert_jax.eval.tasks), or () for none")
+    if (not isinstance(self.layers, (tuple, list)) or not self.layers
+        or not all(_is_int(x) for x in self.layers)):
+      raise _fail("probe.layers", self.layers, "a tuple of layer indices such as (-1,)")
+    if self.pooling not in PROBE_POOLINGS:
+      raise _fail("probe.pooling", self.pooling, f"one of {', '.join(map(repr, PROBE_POOLINGS))}")
+    if not _is_int(self.max_examples) or (self.max_examples and self.max_examples < 5):
+      raise _fail("probe.max_examples", self.max_examples, "0 (every example) or an integer >= 5")
+    if not isinstance(self.data_dir, str):
+      raise _fail("probe.data_dir", self.data_dir, "a directory path, or ''")
+
+
 # The model's shape and numerics, which a run with --config.init_from takes from its source.
 SOURCE_MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "intermediate_size",
                        "max_position_embeddings", "type_vocab_size", "gelu_approximate",
@@ -247,6 +275,7 @@ class Settings:
   config_json: str  # the whole config, stored in checkpoints for people
   requested_dtype: str = ""  # config.model.dtype as given ('auto' before resolving)
   init: InitSettings = InitSettings()  # --config.init_from ('' = from scratch)
+  probe: ProbeSettings = ProbeSettings()  # config.probe (no tasks = no probes)
 
   @property
   def objective(self) -> str:
@@ -284,7 +313,8 @@ def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps:
     end = num_steps if i == len(fractions) - 1 else int(round(acc * num_steps))
     out.append(Phase(i, start, end, int(seq_len), int(p)))
     start = end
-  return tuple(ph for ph in out if ph.end > ph.start)
+  # num_steps=0 (an evaluation of a continued run's source) keeps an empty first phase.
+  return tuple(ph for ph in out if ph.end > ph.start) or tuple(out[:1])
 
 
 def _fields(cls, node: ml_collections.ConfigDict, exclude: tuple = ()) -> dict:
@@ -303,7 +333,13 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   """Checks `config` and returns its typed settings; raises ConfigError naming the field."""
   c = config
   t = c.train
-  optimizer = OptimizerSettings(**_fields(OptimizerSettings, t))
+  opt_fields = _fields(OptimizerSettings, t)
+  if t.num_steps == 0 and _is_int(t.num_steps):
+    if not c.get("init_from", ""):
+      raise _fail("train.num_steps", 0, "a positive integer (0 only with --config.init_from: "
+                  "evaluate and probe the source, write its step-0 checkpoint, train nothing)")
+    opt_fields["num_steps"] = 1  # built for the checkpoint's optimizer state, never stepped
+  optimizer = OptimizerSettings(**opt_fields)
   if not _is_int(t.batch_size) or t.batch_size <= 0:
     raise _fail("train.batch_size", t.batch_size, "> 0")
   _positive_int("train.grad_accum_steps", t.grad_accum_steps)
@@ -330,9 +366,11 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
       phases=phases(t.phase_fractions, t.seq_lens, t.max_predictions, t.num_steps,
                     max_positions))
   run = RunSettings(**_fields(RunSettings, c))
+  probe = ProbeSettings(**{k: tuple(v) if isinstance(v, list) else v
+                           for k, v in c.get("probe", ml_collections.ConfigDict()).items()})
   return Settings(
       data=data_settings(c),
       masking=MaskingSettings(**c.masking.to_dict()),
       model=model, optimizer=optimizer, train=train, mesh=MeshSettings(**c.mesh.to_dict()),
-      run=run, config_json=c.to_json(), requested_dtype=requested_dtype, init=init)
+      run=run, config_json=c.to_json(), requested_dtype=requested_dtype, init=init, probe=probe)
 

@@ -20,6 +20,7 @@ from bert_jax.io import checkpointing
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, init_from
 from bert_jax.errors import ConfigError
+from bert_jax.train import probes
 from bert_jax.train.loop import TrainLoop, describe_eval
 from bert_jax.train.preemption import StopSignals
 from bert_jax.train.reporting import Reporter
@@ -106,17 +107,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   source = init_from.resolve(s) if s.init.path else None
   if source is not None:
     s = init_from.run_settings(s, source)
+  probe_tasks = probes.load_tasks(s.probe)  # config.probe.tasks, read before anything is written
   _check_workdir(workdir)
   _enable_compile_cache(s.run.compile_cache_dir)
   mesh = sharding.make_mesh(s.mesh.model_parallel)
   sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
   # One run per workdir: a second one stops here, before writing anything.
   with workdir_lock.hold(workdir, jax.process_index()):
-    return _run(s, workdir, mesh, source)
+    return _run(s, workdir, mesh, source, probe_tasks)
 
 
 # long: the run's story in order (restore, loop, final eval, report); each line calls one owner
-def _run(s: Settings, workdir: str, mesh, source=None) -> dict:
+def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
   _check_same_data(s, workdir)  # before preparing anything: a refused run writes nothing
   ext = None
   if source is not None:
@@ -156,13 +158,16 @@ def _run(s: Settings, workdir: str, mesh, source=None) -> dict:
     reporter.truncate(-1 if fresh_source else state.step)  # records of steps this run will redo
     if (note := reporter.skipped_warning()) is not None:
       console.warn(note)
-    loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state)
-    if fresh_source:  # where the continuation starts: eval and checkpoint of step 0
-      init_from.log_start(loop, reporter)
+    loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state, probes.RunProbes(
+        s.probe, list(probe_tasks), steps.bert_config, tok, s.run.seed))
+    ev = None
+    if fresh_source:  # where the continuation starts: eval, probes and checkpoint of step 0
+      ev = init_from.log_start(loop, reporter)
       ckpts.save(state, s.train.phases[0], 0)
-    loop.train()
-    loop.stop_if_requested(sync=True)  # a signal during the last steps
-    ev = loop.final_eval()
+    if s.train.num_steps > 0 or ev is None:  # num_steps=0: the source's evaluation is the result
+      loop.train()
+      loop.stop_if_requested(sync=True)  # a signal during the last steps
+      ev = loop.final_eval()
     ckpts.finish_save()
     ckpts.close()
   except BaseException:

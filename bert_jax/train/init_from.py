@@ -205,10 +205,12 @@ def initial_state(source: Source, steps, ext, seed: int) -> tuple[Any, Any]:
   return params, opt_state
 
 
-def log_start(loop, reporter) -> None:
-  """Evaluates the starting model on the eval split and logs it as step 0."""
+def log_start(loop, reporter) -> dict:
+  """Evaluates (and probes) the starting model and logs it as step 0; returns the eval."""
   from bert_jax.train.loop import describe_eval, with_stderr  # pylint: disable=import-outside-toplevel
   ev = with_stderr(loop.evaluate(loop.s.train.phases[0]))
   reporter.write("eval", 0, ev)
   console.log(f"eval @ 0 (the model of --config.init_from, before training): "
               f"{describe_eval(ev)}")
+  loop.probe(0)
+  return ev

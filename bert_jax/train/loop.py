@@ -35,6 +35,8 @@ from bert_jax.train.preemption import StopSignals
 from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.settings import Phase, Settings
+from bert_jax.train import probes as run_probes
+from bert_jax.train.probes import RunProbes
 from bert_jax.train.steps import TrainSteps, summarize
 
 
@@ -42,9 +44,11 @@ class TrainLoop:
   """Runs the steps of every phase from `state` on, in place."""
 
   def __init__(self, settings: Settings, steps: TrainSteps, ckpts: RunCheckpoints,
-               prepared: Prepared, reporter: Reporter, signals: StopSignals, state: RunState):
+               prepared: Prepared, reporter: Reporter, signals: StopSignals, state: RunState,
+               probes: Optional[RunProbes] = None):
     self.s, self.steps, self.ckpts, self.prepared = settings, steps, ckpts, prepared
     self.reporter, self.signals, self.state = reporter, signals, state
+    self.probes = probes  # config.probe.tasks: probed after every evaluation
     self.device_kind = jax.devices()[0].device_kind
     self.peak = flops.peak_flops(self.device_kind)  # per device; None: unknown (CPU)
     self.compile_s: dict[int, float] = {}  # phase index -> time of its first step
@@ -111,6 +115,8 @@ class TrainLoop:
         f"phase {i} {sec:.1f} s" for i, sec in sorted(self.compile_s.items())))
     if self.eval_s:
       parts.append(f"evaluation {self.eval_s:.1f} s")
+    if self.probes and self.probes.seconds:
+      parts.append(f"probes {self.probes.seconds:.1f} s")
     return "throughput: " + "; ".join(parts)
 
   def _after_eval(self, ev: dict) -> dict:
@@ -137,6 +143,14 @@ class TrainLoop:
                              phase.max_predictions, self.s.run.eval_batches)
     self.eval_s += time.perf_counter() - t0
     return ev
+
+  def probe(self, step: int) -> None:
+    """Probes the current parameters (config.probe.tasks) and logs them as step `step`."""
+    if not self.probes:
+      return
+    m = self.probes.run(self.state.params)
+    self.reporter.write("probe", step, m)
+    console.log(f"probe @ {step}: {run_probes.describe(m)}")
 
   def stop_if_requested(self, sync: bool = False, phase: Optional[Phase] = None,
                         position: int = 0) -> None:
@@ -236,10 +250,11 @@ class TrainLoop:
           elapsed += time.perf_counter() - t_last
           in_flight.clear()
           ev = self._after_eval(self.evaluate(phase))
-          t_last = time.perf_counter()
-          bar.unpause()  # nor does an evaluation count as time per step
           self.reporter.write("eval", st.step, ev)
           console.log(f"eval @ {st.step}: {describe_eval(ev)}")
+          self.probe(st.step)
+          t_last = time.perf_counter()
+          bar.unpause()  # nor does an evaluation or a probe count as time per step
 
   def _check_nonfinite(self, streak: float) -> None:
     limit = self.s.train.max_consecutive_nonfinite
@@ -256,6 +271,7 @@ class TrainLoop:
       self.ckpts.save(self.state, last, 0)
     ev = self._after_eval(self.evaluate(last))
     self.reporter.write("eval", self.state.step, ev)
+    self.probe(self.state.step)
     return ev
 
 

@@ -125,9 +125,14 @@ class Reporter:
               ("mlm_accuracy", "MLM accuracy", "accuracy"))
     if task:
       panels += ((f"{task}_accuracy", f"{task.upper()} accuracy", "accuracy"),)
+    # config.probe.tasks: one panel per probe metric, the downstream curve beside MLM's.
+    probe_keys = sorted({k for r in rows if r["split"] == "probe" for k in r
+                         if k not in ("split", "step") and not k.endswith("/num_eval")})
+    panels += tuple((k, f"probe: {k.replace('/', ' ')}", k.rsplit("/", 1)[-1])
+                    for k in probe_keys)
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     for ax, (key, title, ylabel) in zip(axes, panels):
-      for split, style in (("train", "-"), ("eval", "o-")):
+      for split, style in (("train", "-"), ("eval", "o-"), ("probe", "o-")):
         pts = [(r["step"], r[key]) for r in rows if r["split"] == split and key in r]
         if pts:
           ax.plot(*zip(*pts), style, label=split)

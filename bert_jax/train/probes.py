@@ -1,0 +1,83 @@
+"""Linear probes of a training run's current parameters (`config.probe.tasks`).
+
+At every evaluation (and at step 0 of a continued run) the encoder's current
+parameters are probed on each task (bert_jax.eval.probe: pooled features, an
+L2 logistic regression or ridge fit, the task's GLUE metric), so every run
+shows a downstream curve beside its MLM curve. The probe reads the
+parameters and changes nothing: no training randomness, no optimizer state,
+so a resumed run logs the same probe rows as an uninterrupted one.
+
+One Extractor is kept for the whole run: its programs (one per length
+bucket) compile at the first probe and are reused with new parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Optional
+
+from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.eval import probe, tasks
+from bert_jax.eval.task import Task
+from bert_jax.features.extract import Extractor
+from bert_jax.model.config import BertConfig
+from bert_jax.settings import ProbeSettings
+
+# Probe inputs are single sentences or pairs: longer buckets would only pad.
+_MAX_LENGTH = 128
+
+
+def load_tasks(s: ProbeSettings) -> list[Task]:
+  """Every task of `config.probe.tasks`, read before anything is written (TaskError: one line)."""
+  return [tasks.load_task(spec, s.data_dir or None) for spec in s.tasks]
+
+
+class RunProbes:
+  """Probes one run's parameters on its tasks; the time spent is counted apart."""
+
+  def __init__(self, s: ProbeSettings, task_list: list[Task], config: BertConfig,
+               tokenizer: Tokenizer, seed: int):
+    self.s, self.tasks, self.config, self.tokenizer, self.seed = s, task_list, config, tokenizer, seed
+    self.seconds = 0.0
+    self._extractor: Optional[Extractor] = None
+
+  def __bool__(self) -> bool:
+    return bool(self.tasks)
+
+  def run(self, params: Any) -> dict[str, float]:
+    """{"<task>/<metric>": value, "<task>/num_eval": n, ...} of `params` (a pre-training tree)."""
+    start = time.perf_counter()
+    encoder = params["bert"] if "bert" in params else params
+    if self._extractor is None:
+      dtype = "bfloat16" if self.config.dtype == "bfloat16" else "float32"
+      self._extractor = Extractor(encoder, self.config, self.tokenizer, dtype=dtype,
+                                  max_length=min(_MAX_LENGTH, self.config.max_position_embeddings),
+                                  batch_size=64)
+    else:
+      self._extractor.set_params(encoder)
+    out = {}
+    for task in self.tasks:
+      result = probe.probe(self._extractor, task, self.s.layers, self.s.pooling,
+                           self.s.max_examples or None, seed=self.seed)
+      out.update({k: v for k, v in result.items() if k.startswith(task.name + "/")})
+      out[f"{task.name}/num_eval"] = float(len(task.splits[task.eval_splits[0]])
+                                           if not self.s.max_examples else
+                                           min(self.s.max_examples,
+                                               len(task.splits[task.eval_splits[0]])))
+    self.seconds += time.perf_counter() - start
+    return out
+
+
+def describe(metrics: dict[str, float]) -> str:
+  """One line: each task's metrics, an accuracy with its binomial standard error."""
+  parts = []
+  for key, value in metrics.items():
+    if key.endswith("/num_eval"):
+      continue
+    task = key.split("/", 1)[0]
+    n = metrics.get(f"{task}/num_eval", 0.0)
+    err = (f" ± {math.sqrt(value * (1 - value) / n):.4f}"
+           if key.endswith("accuracy") and n > 0 and 0 <= value <= 1 else "")
+    parts.append(f"{key.replace('/', ' ')} {value:.4f}{err}")
+  return ", ".join(parts)
