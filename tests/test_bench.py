@@ -15,7 +15,7 @@ from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import BertForPreTraining, BertModel
 from tools import bench, bench_prepare
 
-README = "# x\n\n## Performance\n\nintro\n\n<!-- bench:start -->\nold table\n<!-- bench:end -->\n\nafter\n"
+GUIDE = "# x\n\n## Performance\n\nintro\n\n<!-- bench:start -->\nold table\n<!-- bench:end -->\n\nafter\n"
 
 
 @pytest.mark.parametrize("kind", ["features", "train"])
@@ -40,12 +40,12 @@ def test_analytic_flops_cover_what_xla_counts_but_elementwise_work(kind):
   assert 0.9 * xla_flops <= analytic <= xla_flops
 
 
-def test_a_run_writes_json_markdown_and_only_the_readme_block(tmp_path, monkeypatch):
+def test_a_run_writes_json_markdown_and_only_the_guide_block(tmp_path, monkeypatch):
   # The plumbing, not the speed: a 64-wide BERT in place of BERT-Base.
   mini = bench.ModelSize(2, 64, 2, 128, 1000, "float32")
   monkeypatch.setattr(bench, "model_sizes", lambda: {"tiny": mini, "small": mini, "base": mini})
-  readme = tmp_path / "README.md"
-  readme.write_text(README)
+  readme = tmp_path / "performance.md"
+  readme.write_text(GUIDE)
   out, md = tmp_path / "r.json", tmp_path / "r.md"
   # Feature extraction: the cheapest compile; a train step goes the same way.
   rc = bench.main(["--quick", "--in-process", "--cases", "features_base_128",
@@ -62,19 +62,19 @@ def test_a_run_writes_json_markdown_and_only_the_readme_block(tmp_path, monkeypa
       ours["tokens_per_s"] / by_impl["hf_torch", "float32"]["tokens_per_s"])
   text = readme.read_text()
   assert "old table" not in text and md.read_text() in text
-  before, after = README.split("<!-- bench:start -->")[0], README.split("<!-- bench:end -->")[1]
+  before, after = GUIDE.split("<!-- bench:start -->")[0], GUIDE.split("<!-- bench:end -->")[1]
   assert text.startswith(before + "<!-- bench:start -->") and text.endswith(
       "<!-- bench:end -->" + after)
 
 
-def test_a_readme_without_markers_is_a_one_line_error_before_anything_runs(tmp_path, capsys):
-  readme = tmp_path / "README.md"
+def test_a_guide_without_markers_is_a_one_line_error_before_anything_runs(tmp_path, capsys):
+  readme = tmp_path / "performance.md"
   readme.write_text("# no markers\n")
   out = tmp_path / "r.json"
   rc = bench.main(["--cases", "train_base_512", "--out", str(out), "--readme",
                    "--readme-path", str(readme)])
   err = capsys.readouterr().err.strip()
-  assert rc == 2 and err.startswith("error: ") and "\n" not in err and "README.md" in err
+  assert rc == 2 and err.startswith("error: ") and "\n" not in err and str(readme) in err
   assert not out.exists() and readme.read_text() == "# no markers\n"
 
 

@@ -4,6 +4,8 @@ import datetime
 import os
 import re
 
+import pytest
+
 from tools import measure_quickstart as mq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,11 +64,42 @@ def test_the_block_splits_the_wall_time_into_what_the_run_measured():
   assert "--config.train.num_steps=60" in block and "A quick check of 60 steps" in block
 
 
-def test_readme_rewrite_replaces_only_the_block(tmp_path):
+@pytest.mark.parametrize("script", ["measure_quickstart", "measure_reruns"])
+def test_readme_rewrite_replaces_only_the_block_through_the_shared_rewriter(
+    script, tmp_path, monkeypatch, capsys):
+  from tools import measure_reruns as mr
+  module = {"measure_quickstart": mq, "measure_reruns": mr}[script]
   path = tmp_path / "README.md"
-  path.write_text(f"before\n{mq.START}\nold\n{mq.END}\nafter\n", encoding="utf-8")
-  mq.rewrite_readme(f"{mq.START}\nnew\n{mq.END}", str(path))
-  assert path.read_text(encoding="utf-8") == f"before\n{mq.START}\nnew\n{mq.END}\nafter\n"
+  other = f"{mr.START}\nkept\n{mr.END}" if module is mq else f"{mq.START}\nkept\n{mq.END}"
+  path.write_text(f"before\n{module.START}\nold\n{module.END}\n{other}\nafter\n",
+                  encoding="utf-8")
+  monkeypatch.setattr(mq, "README", str(path))
+  monkeypatch.setattr(mq, "run_quickstart", lambda steps, workdir: {"eval": {
+      "mlm_accuracy": 0.1, "nsp_accuracy": 0.5}})
+  monkeypatch.setattr(module, "body", lambda *a: "new")  # what a run would make of it
+  assert module.main(["--readme"]) == 0
+  assert path.read_text(encoding="utf-8") == (
+      f"before\n{module.START}\nnew\n{module.END}\n{other}\nafter\n")
+  assert f"{module.START}\nnew\n{module.END}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("script", ["measure_quickstart", "measure_reruns"])
+def test_a_readme_without_the_block_is_one_error_line_before_any_run(
+    script, tmp_path, monkeypatch, capsys):
+  from tools import measure_reruns as mr
+  module = {"measure_quickstart": mq, "measure_reruns": mr}[script]
+  path = tmp_path / "README.md"
+  path.write_text("# no markers\n", encoding="utf-8")
+  monkeypatch.setattr(mq, "README", str(path))
+
+  def run_quickstart(steps, workdir):
+    raise AssertionError("ran before checking the README")
+
+  monkeypatch.setattr(mq, "run_quickstart", run_quickstart)
+  assert module.main(["--readme"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: ") and "\n" not in err and str(path) in err
+  assert module.START in err and path.read_text(encoding="utf-8") == "# no markers\n"
 
 
 def test_the_readme_has_one_measured_block():

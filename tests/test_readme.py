@@ -1,20 +1,28 @@
-"""Every fenced command and Python snippet of README.md runs as written.
+"""Every fenced command and Python snippet of README.md and of every guide in docs/ runs as written.
 
 Blocks fenced as ```bash / ```shell / ```sh are shell commands (continuation lines
 joined, `a && b` run as two commands); ```console blocks contribute their `$ ` lines;
 ```python blocks are scripts. Other fences (```text, plain ```) are output or layout
-and are not run. Each block runs in README order in one scratch directory that looks
-like a fresh clone (its code, configs and data linked in), after the Quick start's
-`python train.py`, so snippets find `runs/tiny` where a reader would have it.
+and are not run. The blocks run in one scratch directory that looks like a fresh clone
+(its code, configs and data linked in), after the Quick start's `python train.py`, in a
+reader's order: README.md first, then the guides in GUIDES order, each file top to
+bottom. So a guide finds `runs/tiny` where a reader would have it, and what an earlier
+block made (a guide may use it; the order is fixed, and every guide must be listed).
 
-Shrinking, never by editing the README text: every `train.py` command gets SHRINK
+Shrinking, never by editing the docs' text: every `train.py` command gets SHRINK
 appended (later `--config.*` overrides win), which keeps the Quick start's model (2
 layers, hidden 128) but trains 8 steps on 40 documents. Commands that cannot run here
-are listed in SKIP by exact prefix, each with its reason; a README command that no
-entry matches is run, so a new one is tested by default. Skipped commands are
-reported as warnings, and a whole block of them as a skipped test.
+are listed in SKIP by exact prefix, each with its reason; a command that no entry
+matches is run, so a new one is tested by default, and an entry that matches no
+command of any file is an error (the list only shrinks). Skipped commands are reported
+as warnings, and a whole block of them as a skipped test.
+
+Links and paths: every relative link of these files points at a file (and heading)
+that exists, and every `bert_jax/...` path and `python -m bert_jax...` module they name
+exists, so a moved module cannot leave a guide pointing at its old place.
 """
 
+import glob
 import os
 import re
 import shlex
@@ -26,9 +34,15 @@ import warnings
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+README = "README.md"
+# The guides, in the order their blocks run (after the README's). A guide may use what
+# an earlier file's blocks made; each one only needs the Quick start's runs/tiny today.
+GUIDES = ("docs/training.md", "docs/multi-host-and-tpu.md", "docs/continued-pretraining.md",
+          "docs/feature-extraction.md", "docs/conversion.md", "docs/bad-input-and-recovery.md",
+          "docs/performance.md", "docs/deviations.md", "docs/ARCHITECTURE.md")
+FILES = (README,) + GUIDES
 
-# What a fresh clone holds that the README's commands use.
+# What a fresh clone holds that the commands of the README and the guides use.
 CLONE = ("train.py", "bert_jax", "configs", "data", "tools", "requirements.txt",
          "requirements-peers.txt", "pyproject.toml")
 
@@ -49,7 +63,7 @@ SHRINK = ("--config.train.num_steps=8", "--config.train.warmup_steps=2",
 # Reviewed list: exact command prefix -> why it is not run here.
 SKIP = {
     "pip install ": "installs packages; the tests run in an environment that has them",
-    "python -m pytest": "the whole test suite, of which this file is a part",
+    "python -m pytest": "the test suite (whole, or its fast tier), of which this file is a part",
     "python -m tools.bench ": ("the benchmark: about 35 minutes for every case; even --quick "
                                "starts a worker process per case and implementation"),
     "gcloud compute tpus tpu-vm ssh ": "a TPU pod launch over ssh",
@@ -98,19 +112,24 @@ def _split_and(line: str) -> list[str]:
   return parts + [line[start:]]
 
 
-def _blocks() -> list[tuple[int, str, object]]:
-  """(line, 'shell' or 'python', commands or source) of every block that runs."""
-  with open(README, encoding="utf-8") as f:
-    text = f.read()
+def _read(name: str) -> str:
+  with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+    return f.read()
+
+
+def _blocks() -> list[tuple[str, int, str, object]]:
+  """(file, line, 'shell' or 'python', commands or source) of every block that runs."""
   out = []
-  for m in _FENCE.finditer(text):
-    indent, lang, body = len(m.group(1)), m.group(2), m.group(3)
-    body = "\n".join(l[indent:] for l in body.splitlines())
-    line = text.count("\n", 0, m.start()) + 1
-    if lang in _SHELL or lang == "console":
-      out.append((line, "shell", _commands(lang, body)))
-    elif lang == "python":
-      out.append((line, "python", body))
+  for name in FILES:
+    text = _read(name)
+    for m in _FENCE.finditer(text):
+      indent, lang, body = len(m.group(1)), m.group(2), m.group(3)
+      body = "\n".join(l[indent:] for l in body.splitlines())
+      line = text.count("\n", 0, m.start()) + 1
+      if lang in _SHELL or lang == "console":
+        out.append((name, line, "shell", _commands(lang, body)))
+      elif lang == "python":
+        out.append((name, line, "python", body))
   return out
 
 
@@ -148,7 +167,7 @@ def _env(clone: str) -> dict:
 def _run(argv, clone: str, what: str, shell: bool = False) -> subprocess.CompletedProcess:
   proc = subprocess.run(argv, cwd=clone, env=_env(clone), shell=shell, executable=(
       "/bin/bash" if shell else None), capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, (f"README {what} exited {proc.returncode}:\n"
+  assert proc.returncode == 0, (f"{what} exited {proc.returncode}:\n"
                                 f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
   return proc
 
@@ -159,32 +178,81 @@ def clone(tmp_path_factory):
   root = str(tmp_path_factory.mktemp("clone"))
   for name in CLONE:
     os.symlink(os.path.join(ROOT, name), os.path.join(root, name))
-  proc = _run(_shrunk(QUICK_START), root, f"Quick start `{QUICK_START}`", shell=True)
+  proc = _run(_shrunk(QUICK_START), root, f"README Quick start `{QUICK_START}`", shell=True)
   assert "final eval @ step 8" in proc.stdout + proc.stderr
   assert os.path.isdir(os.path.join(root, "runs", "tiny", "checkpoints", "8"))
   yield root
   shutil.rmtree(root, ignore_errors=True)
 
 
-def test_the_readme_has_blocks_to_run_and_the_quick_start_comes_first():
-  kinds = [kind for _, kind, _ in BLOCKS]
-  assert kinds.count("shell") >= 5 and kinds.count("python") >= 3
-  assert QUICK_START in BLOCKS[0][2]
+def test_the_docs_have_blocks_to_run_and_the_quick_start_comes_first():
+  kinds = [kind for _, _, kind, _ in BLOCKS]
+  assert kinds.count("shell") >= 8 and kinds.count("python") >= 3
+  assert BLOCKS[0][0] == README and QUICK_START in BLOCKS[0][3]
+  # Every guide that shows a command is run: the files with blocks, in FILES order.
+  with_blocks = list(dict.fromkeys(name for name, *_ in BLOCKS))
+  assert with_blocks == [f for f in FILES if f in with_blocks]
+  assert {"docs/training.md", "docs/feature-extraction.md", "docs/conversion.md",
+          "docs/continued-pretraining.md"} <= set(with_blocks)
 
 
-def test_every_skip_entry_matches_a_readme_command():
-  commands = [c for _, kind, cs in BLOCKS if kind == "shell" for c in cs]
+def test_every_guide_in_docs_is_in_the_run_order():
+  found = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))}
+  assert found == set(GUIDES), (f"add to GUIDES (in reading order): {sorted(found - set(GUIDES))}; "
+                                f"remove from GUIDES: {sorted(set(GUIDES) - found)}")
+
+
+def test_every_skip_entry_matches_a_command_of_some_file():
+  commands = [c for _, _, kind, cs in BLOCKS if kind == "shell" for c in cs]
   unused = [p for p in SKIP if not any(c.startswith(p) for c in commands)]
-  assert not unused, f"SKIP entries that no README command matches (remove them): {unused}"
+  assert not unused, f"SKIP entries that no README or guide command matches (remove them): {unused}"
 
 
-@pytest.mark.parametrize("line,kind,content", BLOCKS, ids=[f"line{b[0]}" for b in BLOCKS])
-def test_readme_block_runs_as_written(clone, line, kind, content):
+def _slug(heading: str) -> str:
+  """The anchor GitHub gives a heading."""
+  heading = re.sub(r"[`*_]|\[([^]]*)\]\([^)]*\)", lambda m: m.group(1) or "", heading)
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(name: str) -> set[str]:
+  text = re.sub(r"^```.*?^```", "", _read(name), flags=re.M | re.S)
+  return {_slug(m[1]) for m in re.finditer(r"^#+ (.+)$", text, re.M)}
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_link_and_package_path_exists(name):
+  text = _read(name)
+  bad = []
+  for target in re.findall(r"\]\(([^)\s]+)\)", text):
+    if re.match(r"[a-z]+:", target):
+      continue  # a web address
+    path, _, anchor = target.partition("#")
+    linked = os.path.normpath(os.path.join(os.path.dirname(name), path)) if path else name
+    if not os.path.exists(os.path.join(ROOT, linked)):
+      bad.append(f"link {target}: no {linked}")
+    elif anchor and linked.endswith(".md") and anchor not in _anchors(linked):
+      bad.append(f"link {target}: no heading #{anchor} in {linked}")
+  for path in set(re.findall(r"\bbert_jax/[\w/]+\.py\b", text)):
+    if not os.path.isfile(os.path.join(ROOT, path)):
+      bad.append(f"path {path} does not exist")
+  for module in set(re.findall(r"python -m (bert_jax(?:\.\w+)*)", text)):
+    base = os.path.join(ROOT, *module.split("."))
+    if not (os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__main__.py"))):
+      bad.append(f"`python -m {module}`: no such module")
+  assert not bad, bad
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,line,kind,content", BLOCKS,
+                         ids=[f"{b[0]}:{b[1]}" for b in BLOCKS])
+def test_block_runs_as_written(clone, name, line, kind, content):
+  where = f"{name} line {line}"
   if kind == "python":
-    script = os.path.join(clone, f"readme_line{line}.py")
+    stem = re.sub(r"\W", "_", name)
+    script = os.path.join(clone, f"snippet_{stem}_{line}.py")
     with open(script, "w", encoding="utf-8") as f:
       f.write(content)
-    _run([sys.executable, script], clone, f"Python snippet at line {line}")
+    _run([sys.executable, script], clone, f"Python snippet at {where}")
     return
   ran, skipped = 0, []
   for command in content:
@@ -194,11 +262,10 @@ def test_readme_block_runs_as_written(clone, line, kind, content):
     why = _skip_reason(command)
     if why is not None:
       skipped.append(f"{command.splitlines()[0]!r}: {why}")
-      warnings.warn(f"README line {line}: not run: {skipped[-1]}")
+      warnings.warn(f"{where}: not run: {skipped[-1]}")
       continue
-    proc = _run(_shrunk(command), clone, f"command at line {line} `{command}`", shell=True)
+    proc = _run(_shrunk(command), clone, f"command at {where} `{command}`", shell=True)
     assert "error:" not in proc.stderr, proc.stderr[-3000:]
     ran += 1
   if not ran:
-    pytest.skip(f"README line {line}: every command is on the reviewed SKIP list: "
-                + "; ".join(skipped))
+    pytest.skip(f"{where}: every command is on the reviewed SKIP list: " + "; ".join(skipped))

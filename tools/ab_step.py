@@ -8,7 +8,7 @@ config overrides ("" = the default config). Every round runs every variant once,
 in order, each in its own process (`tools.step_builder`: compile, 1 untimed
 step, `--steps` timed steps), so slow drifts of the machine hit all variants alike. Prints the compile
 time and the median and min step time of each variant in each round. This is
-how the lever A/B numbers in the README were taken; code (not config) variants
+how the lever A/B numbers in docs/performance.md were taken; code (not config) variants
 were measured the same way on a patched tree.
 """
 

@@ -8,7 +8,8 @@ Every (case, implementation) runs in its own worker process, one after the
 other, on the same machine, with the same batch (generated from a fixed seed),
 so compile caches, thread pools and peak memory do not leak between them.
 Results go to tools/results/results.json and tools/results/results.md;
-`--readme` also replaces the block between the bench markers in README.md.
+`--readme` also replaces the block between the bench markers in
+docs/performance.md (`--readme-path` names another file).
 
 Per case and implementation it reports the median step time of `--steps` timed
 steps after `--warmup` untimed ones (with min and max), sequences/s, tokens/s,
@@ -41,10 +42,11 @@ from typing import Callable, Optional, Sequence
 import jax
 
 from bert_jax.errors import BertJaxError, ConfigError
-from tools import bench_prepare, measure, peers, step_builder
+from tools import bench_prepare, measure, peers, readme_block, step_builder
 from tools.cases import CASES, Case, ModelSize, model_flops, model_sizes
 
-README_START, README_END = "<!-- bench:start -->", "<!-- bench:end -->"
+README_BLOCK = "bench"  # the benchmark table's block (tools/readme_block.py)
+README_PATH = "docs/performance.md"
 _RESULT_TAG = "BENCH_RESULT "  # a worker's one JSON line on stdout starts with this
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 IMPLS = ("ours", "hf_flax", "hf_torch")
@@ -312,15 +314,6 @@ def markdown(result: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def replace_readme_block(text: str, block: str, path: str = "README.md") -> str:
-  """`text` with everything between the bench markers replaced by `block`."""
-  start, end = text.find(README_START), text.find(README_END)
-  if start < 0 or end < start:
-    raise ConfigError(f"{path}: expected a '{README_START}' line followed by a "
-                      f"'{README_END}' line to put the benchmark table between")
-  return text[:start + len(README_START)] + "\n" + block + text[end:]
-
-
 def _write_atomic(path: str, text: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
@@ -385,8 +378,10 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
   p.add_argument("--out", default="tools/results/results.json", help="JSON results")
   p.add_argument("--md", default="tools/results/results.md", help="markdown table")
   p.add_argument("--readme", action="store_true",
-                 help=f"replace the {README_START}..{README_END} block of --readme-path")
-  p.add_argument("--readme-path", default="README.md")
+                 help="replace the table between the %s and %s lines of --readme-path"
+                 % readme_block.markers(README_BLOCK))
+  p.add_argument("--readme-path", default=README_PATH,
+                 help=f"the guide holding the benchmark table (default {README_PATH})")
   p.add_argument("--in-process", action="store_true",
                  help="run every measurement in this process (tests; memory is then cumulative)")
   p.add_argument("--timeout", type=float, default=1800, help="seconds per worker")
@@ -427,8 +422,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if steps < 1 or warmup < 0:
       raise ConfigError(f"--steps={steps} --warmup={warmup}: expected steps >= 1, warmup >= 0")
     if args.readme:  # fail before the (long) run, not after it
-      with open(args.readme_path) as f:
-        replace_readme_block(f.read(), "", args.readme_path)
+      readme_block.check(args.readme_path, README_BLOCK)
     command = "python -m tools.bench " + " ".join(
         a for a in (argv if argv is not None else sys.argv[1:]))
     result = run_benchmark([by_name[n] for n in names], impls, args.quick, warmup, steps,
@@ -439,9 +433,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _write_atomic(args.out, json.dumps(result, indent=1, default=str) + "\n")
     _write_atomic(args.md, table)
     if args.readme:
-      with open(args.readme_path) as f:
-        text = replace_readme_block(f.read(), table, args.readme_path)
-      _write_atomic(args.readme_path, text)
+      readme_block.rewrite(args.readme_path, README_BLOCK, table)
     print(f"wrote {args.out}, {args.md}" + (f", {args.readme_path}" if args.readme else ""))
   except (BertJaxError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -28,8 +28,13 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bert_jax.errors import BertJaxError  # noqa: E402  (run as a script: the repo root first)
+from tools import readme_block  # noqa: E402
+
 README = os.path.join(ROOT, "README.md")
-START, END = "<!-- quickstart:start -->", "<!-- quickstart:end -->"
+BLOCK = "quickstart"
+START, END = readme_block.markers(BLOCK)
 DEFAULT_STEPS = 1200  # configs/tiny.py
 
 _PREPARED = re.compile(r"^Prepared seq_len \d+: .* in ([\d.]+) s", re.M)
@@ -98,6 +103,11 @@ def run_quickstart(steps: int, workdir: str) -> dict:
 
 def markdown(m: dict) -> str:
   """The README block (markers included) for the measurement `m`."""
+  return readme_block.wrap(BLOCK, body(m))
+
+
+def body(m: dict) -> str:
+  """The text between the block's markers for the measurement `m`."""
   s, ev = m["summary"], m["eval"]
   timed_steps, timed_s = int(s[1]), float(s[2])
   compile_s = sum(float(x) for x in re.findall(r"([\d.]+) s", s[9]))
@@ -112,7 +122,6 @@ def markdown(m: dict) -> str:
   devices = re.search(r"(\d+ \w+ devices)", m["model"])
   mfu = f", MFU {s[8]}" if s[8] else " (MFU: no known peak for this device)"
   return "\n".join([
-      START,
       f"**Measured**: `{command}` in a fresh workdir, on {_cpu_name()} ({os.cpu_count()} "
       f"cores, {devices[1] if devices else 'devices: see the run'}; load average "
       f"{m['load_at_start']:.1f} when it started), {m['date']:%Y-%m-%d %H:%M} UTC. Written by "
@@ -133,21 +142,7 @@ def markdown(m: dict) -> str:
       f"{ev.get('mlm_accuracy_stderr', float('nan')):.3f} (the best constant guess is "
       f"{ev.get('mlm_best_constant_accuracy', float('nan')):.3f}) |",
       f"| held-out NSP accuracy | {ev['nsp_accuracy']:.3f} ± "
-      f"{ev.get('nsp_accuracy_stderr', float('nan')):.3f} |",
-      END])
-
-
-def rewrite_readme(block: str, path: str = README, start: str = START, end: str = END) -> None:
-  """Replaces the README's text from `start` to `end` (markers included) with `block`."""
-  with open(path, encoding="utf-8") as f:
-    text = f.read()
-  if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-    raise SystemExit(f"error: {path} needs exactly one {start} ... {end} pair")
-  head, rest = text.split(start)
-  _, tail = rest.split(end)
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(head + block + tail)
-  os.replace(path + ".tmp", path)
+      f"{ev.get('nsp_accuracy_stderr', float('nan')):.3f} |"])
 
 
 def main(argv=None) -> int:
@@ -158,17 +153,27 @@ def main(argv=None) -> int:
   p.add_argument("--workdir", default="",
                  help="a fresh workdir to train into (default: a temporary one, removed)")
   args = p.parse_args(argv)
+  try:
+    return _measure(args)
+  except (BertJaxError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+def _measure(args: argparse.Namespace) -> int:
+  if args.readme:  # fail before the (long) run, not after it
+    readme_block.check(README, BLOCK)
   if args.workdir and os.path.exists(args.workdir) and os.listdir(args.workdir):
     raise SystemExit(f"error: --workdir {args.workdir} is not empty; expected a fresh one")
   workdir = args.workdir or tempfile.mkdtemp(prefix="measure_quickstart_")
   try:
-    block = markdown(run_quickstart(args.steps, os.path.abspath(workdir)))
+    text = body(run_quickstart(args.steps, os.path.abspath(workdir)))
   finally:
     if not args.workdir:
       shutil.rmtree(workdir, ignore_errors=True)
-  print(block)
+  print(readme_block.wrap(BLOCK, text))
   if args.readme:
-    rewrite_readme(block)
+    readme_block.rewrite(README, BLOCK, text)
     print(f"rewrote the block in {README}", file=sys.stderr)
   return 0
 

@@ -23,9 +23,12 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tools import measure_quickstart as mq  # noqa: E402  (run as a script: the repo root first)
+from bert_jax.errors import BertJaxError  # noqa: E402  (run as a script: the repo root first)
+from tools import measure_quickstart as mq  # noqa: E402
+from tools import readme_block  # noqa: E402
 
-START, END = "<!-- reruns:start -->", "<!-- reruns:end -->"
+BLOCK = "reruns"
+START, END = readme_block.markers(BLOCK)
 METRICS = (("MLM", "mlm_accuracy"), ("NSP", "nsp_accuracy"))
 
 
@@ -36,6 +39,11 @@ def spread(values: list[float]) -> float:
 
 def markdown(evals: list[dict], steps: int, date: datetime.datetime) -> str:
   """The README block (markers included) for the final eval rows of the runs."""
+  return readme_block.wrap(BLOCK, body(evals, steps, date))
+
+
+def body(evals: list[dict], steps: int, date: datetime.datetime) -> str:
+  """The text between the block's markers for the final eval rows of the runs."""
   quick = ("" if steps == mq.DEFAULT_STEPS else
            f" *A quick check of {steps} steps, not the Quick start's {mq.DEFAULT_STEPS}.*")
   examples = sorted({int(e["nsp_count"]) for e in evals if "nsp_count" in e})
@@ -46,15 +54,13 @@ def markdown(evals: list[dict], steps: int, date: datetime.datetime) -> str:
   rows.append("| largest difference | " + " | ".join(
       f"{spread([e[k] for e in evals]):.3f}" for _, k in METRICS) + " |")
   return "\n".join([
-      START,
       f"**Reruns**: `python train.py` {len(evals)} times, each in a fresh workdir (so each "
       f"trains its vocabulary afresh), on {mq._cpu_name()} ({os.cpu_count()} cores), "
       f"{date:%Y-%m-%d %H:%M} UTC; eval split of "
       f"{', '.join(map(str, examples)) or '?'} examples. Written by "
       f"`python tools/measure_reruns.py --runs {len(evals)} --readme`.{quick}",
       "",
-      *rows,
-      END])
+      *rows])
 
 
 def main(argv=None) -> int:
@@ -66,6 +72,16 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   if args.runs < 2:
     raise SystemExit(f"error: --runs={args.runs}: expected at least 2 runs to compare")
+  try:
+    return _measure(args)
+  except (BertJaxError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+def _measure(args: argparse.Namespace) -> int:
+  if args.readme:  # fail before the (long) runs, not after them
+    readme_block.check(mq.README, BLOCK)
   evals = []
   for i in range(args.runs):
     workdir = tempfile.mkdtemp(prefix=f"measure_reruns_{i}_")
@@ -76,10 +92,10 @@ def main(argv=None) -> int:
     evals.append(ev)
     print(f"run {i + 1}: " + ", ".join(f"{name} {ev[k]:.4f} ± {ev.get(k + '_stderr', 0):.4f}"
                                        for name, k in METRICS), file=sys.stderr)
-  block = markdown(evals, args.steps, datetime.datetime.now(datetime.timezone.utc))
-  print(block)
+  text = body(evals, args.steps, datetime.datetime.now(datetime.timezone.utc))
+  print(readme_block.wrap(BLOCK, text))
   if args.readme:
-    mq.rewrite_readme(block, start=START, end=END)
+    readme_block.rewrite(mq.README, BLOCK, text)
     print(f"rewrote the block in {mq.README}", file=sys.stderr)
   return 0
 
