@@ -244,26 +244,27 @@ class ImportReport:
   ignored: list  # source names not used (buffers, tied copies, other heads)
 
 
-def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig, *, source: str,
-                       heads: bool = True, seed: int = 0) -> tuple[dict, ImportReport]:
-  """Maps a HF BERT state dict (BertModel or BertForPreTraining names) to our params.
+def match_hf_names(shapes: Mapping[str, tuple], config: BertConfig, *, source: str,
+                   heads: bool = True) -> tuple[dict[str, str], ImportReport]:
+  """Which source tensor is which parameter, from names and shapes alone (no data read).
 
-  `source` names the weights in errors. Missing pooler / heads (or all heads with
-  `heads=False`) are initialised from `seed`; the encoder must be complete and
-  every tensor must have the shape the config implies.
+  `shapes` maps the source's tensor names to their shapes. Returns ({canonical HF
+  name: source name}, the report). One ConvertError line naming `source` for a
+  tensor twice, an unexpected one, a missing one of the encoder or of a partly
+  present group, or a shape the config does not imply.
   """
   spec = _spec(config)
   by_name = {t.hf: t for t in spec}
-  canon: dict[str, np.ndarray] = {}
+  canon: dict[str, str] = {}
   ignored: list[str] = []
-  for name, array in state.items():
+  for name in shapes:
     c = _canonical_hf_name(name)
     if c in _IGNORED_HF or (not heads and c.startswith("cls.")):
       ignored.append(name)
     elif c in by_name:
       if c in canon:
         raise ConvertError(f"{source}: tensor {c!r} appears twice (as {name!r})")
-      canon[c] = array
+      canon[c] = name
     elif c.startswith(("bert.", "cls.")):
       raise ConvertError(
           f"{source}: unexpected tensor {name!r}: not a parameter of a BERT with "
@@ -271,9 +272,9 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig, *, s
     else:  # another task's head, e.g. classifier.*: not part of pre-training
       ignored.append(name)
   # A tied-only export keeps the decoder bias under its other name.
-  bias = next((n for n in ("cls.predictions.decoder.bias",) if n in state), None)
+  bias = next((n for n in ("cls.predictions.decoder.bias",) if n in shapes), None)
   if heads and bias and "cls.predictions.bias" not in canon:
-    canon["cls.predictions.bias"] = state[bias]
+    canon["cls.predictions.bias"] = bias
     ignored.remove(bias)
 
   groups: dict[str, str] = {}
@@ -289,11 +290,25 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig, *, s
     else:
       groups[group] = "initialised"
   for t in spec:
-    if t.hf in canon and tuple(np.shape(canon[t.hf])) != t.hf_shape:
+    if t.hf in canon and tuple(shapes[canon[t.hf]]) != t.hf_shape:
       raise ConvertError(
-          f"{source}: tensor {t.hf!r} has shape {tuple(np.shape(canon[t.hf]))}; the config "
+          f"{source}: tensor {t.hf!r} has shape {tuple(shapes[canon[t.hf]])}; the config "
           f"expects {t.hf_shape}")
+  return canon, ImportReport(groups, sorted(ignored))
 
+
+def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig, *, source: str,
+                       heads: bool = True, seed: int = 0) -> tuple[dict, ImportReport]:
+  """Maps a HF BERT state dict (BertModel or BertForPreTraining names) to our params.
+
+  `source` names the weights in errors. Missing pooler / heads (or all heads with
+  `heads=False`) are initialised from `seed`; the encoder must be complete and
+  every tensor must have the shape the config implies (`match_hf_names`).
+  """
+  spec = _spec(config)
+  names, report = match_hf_names({k: tuple(np.shape(v)) for k, v in state.items()}, config,
+                                 source=source, heads=heads)
+  canon = {c: state[n] for c, n in names.items()}
   _warn_non_finite(canon, source)
 
   abstract = _abstract_params(config)
@@ -304,7 +319,7 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig, *, s
       _set(params, t.path, _to_ours(t, canon[t.hf], tuple(_get(abstract, t.path).shape)))
     else:
       _set(params, t.path, fresh[t.path])
-  return params, ImportReport(groups, sorted(ignored))
+  return params, report
 
 
 def non_finite_tensors(state: Mapping[str, Any]) -> list[str]:
