@@ -153,9 +153,12 @@ def _run(s: Settings, workdir: str, mesh, source=None) -> dict:
     if (note := reporter.skipped_warning()) is not None:
       console.warn(note)
     loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state)
-    if fresh_source:  # where the continuation starts: eval and checkpoint of step 0
-      init_from.log_start(loop, reporter)
+    if fresh_source:  # where the continuation starts: checkpoint and eval of step 0
+      # Waited for before anything is logged: a step 0 that cannot be written (a full
+      # disk) stops the run here on one line, leaving no record of a start.
       ckpts.save(state, s.train.phases[0], 0)
+      ckpts.finish_save()
+      init_from.log_start(loop, reporter)
     loop.train()
     loop.stop_if_requested(sync=True)  # a signal during the last steps
     ev = loop.final_eval()
