@@ -161,9 +161,12 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
     loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state, probes.RunProbes(
         s.probe, list(probe_tasks), steps.bert_config, tok, s.run.seed))
     ev = None
-    if fresh_source:  # where the continuation starts: eval, probes and checkpoint of step 0
-      ev = init_from.log_start(loop, reporter)
+    if fresh_source:  # where the continuation starts: checkpoint, eval and probes of step 0
+      # Waited for before anything is logged: a step 0 that cannot be written (a full
+      # disk) stops the run here on one line, leaving no record of a start.
       ckpts.save(state, s.train.phases[0], 0)
+      ckpts.finish_save()
+      ev = init_from.log_start(loop, reporter)
     if s.train.num_steps > 0 or ev is None:  # num_steps=0: the source's evaluation is the result
       loop.train()
       loop.stop_if_requested(sync=True)  # a signal during the last steps

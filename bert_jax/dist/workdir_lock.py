@@ -54,7 +54,8 @@ def hold(workdir: str, process_index: int = 0) -> Iterator[dict]:
   made it and it is still empty, so a run that fails before writing leaves
   nothing). Yields the holder record written into the lock file. Raises
   WorkdirInUse (one line naming the workdir and the holder) if a live
-  process holds it, ConfigError if the lock file cannot be made.
+  process holds it, ConfigError if the lock file cannot be made or written (a
+  full or read-only disk), with nothing of the run touched.
   """
   workdir = os.path.abspath(workdir)
   made = not os.path.exists(workdir)
@@ -71,8 +72,7 @@ def hold(workdir: str, process_index: int = 0) -> Iterator[dict]:
   try:
     fd = _acquire(workdir, path)
     holder = holder_record(process_index=int(process_index))
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+    _write_holder(fd, workdir, path, holder)
     yield holder
   finally:
     if fd is not None:
@@ -84,6 +84,20 @@ def hold(workdir: str, process_index: int = 0) -> Iterator[dict]:
     if made:
       with contextlib.suppress(OSError):
         os.rmdir(workdir)  # only if empty
+
+
+def _write_holder(fd: int, workdir: str, path: str, holder: dict) -> None:
+  """The holder record into the locked file; a full or read-only disk is one ConfigError
+  line (hold's finally then removes the file, and the workdir if it made it)."""
+  data = (json.dumps(holder) + "\n").encode()
+  try:
+    os.ftruncate(fd, 0)
+    if os.pwrite(fd, data, 0) != len(data):  # a short write: the disk filled up meanwhile
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  except OSError as e:
+    raise ConfigError(f"workdir {workdir}: cannot write the lock file {path} ({e.strerror}); "
+                      "expected a writable --workdir with free space; nothing of the run was "
+                      "touched") from None
 
 
 def _acquire(workdir: str, path: str) -> int:

@@ -1,6 +1,6 @@
 """The pure mapping between HuggingFace BERT tensors and our parameter tree.
 
-Owns the one table of tensors (`_spec`): HuggingFace name, our param path, how
+Owns the one table of tensors (`tensor_spec`): HuggingFace name, our param path, how
 the array is laid out. HF `nn.Linear` weights are [out, in]; ours are [in, out],
 with attention projections split into heads. Also the translation of configs
 (`config.json` <-> BertConfig), the state dict <-> params conversion in both
@@ -69,7 +69,7 @@ class _Tensor:
   group: str
 
 
-def _spec(c: BertConfig) -> list[_Tensor]:
+def tensor_spec(c: BertConfig) -> list[_Tensor]:
   """Every parameter of BertForPreTraining for config `c` (a BertConfig)."""
   V, D, F = c.vocab_size, c.hidden_size, c.intermediate_size
   out: list[_Tensor] = []
@@ -125,7 +125,7 @@ def _to_hf(t: _Tensor, ours: np.ndarray) -> np.ndarray:
   return np.ascontiguousarray(x[:t.hf_shape[0]].reshape(t.hf_shape))
 
 
-def _get(tree: Mapping, path: tuple) -> Any:
+def get_path(tree: Mapping, path: tuple) -> Any:
   for k in path:
     tree = tree[k]
   return tree
@@ -137,7 +137,7 @@ def _set(tree: dict, path: tuple, value: Any) -> None:
   tree[path[-1]] = value
 
 
-def _abstract_params(config: BertConfig) -> dict:
+def abstract_params_of(config: BertConfig) -> dict:
   """Shapes of BertForPreTraining's params, without allocating them."""
   return nn.meta.unbox(abstract_params(config))
 
@@ -154,7 +154,7 @@ def _init_missing(config: BertConfig, abstract: Mapping, paths: Sequence[tuple],
   def init(key):
     out = {}
     for i, path in enumerate(paths):
-      shape = tuple(_get(abstract, path).shape)
+      shape = tuple(get_path(abstract, path).shape)
       if path[-1] in ("bias", "mlm_bias"):
         out[path] = jnp.zeros(shape, jnp.float32)
       elif path[-1] == "scale":
@@ -258,27 +258,27 @@ class ImportReport:
   ignored: list  # source names not used (buffers, tied copies, other heads)
 
 
-# long: one line per HF tensor group of the name table, in the model's order
-def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig, *, source: str,
-                       heads: bool = True, seed: int = 0) -> tuple[dict, ImportReport]:
-  """Maps a HF BERT state dict (BertModel or BertForPreTraining names) to our params.
+def match_hf_names(shapes: Mapping[str, tuple], config: BertConfig, *, source: str,
+                   heads: bool = True) -> tuple[dict[str, str], ImportReport]:
+  """Which source tensor is which parameter, from names and shapes alone (no data read).
 
-  `source` names the weights in errors. Missing pooler / heads (or all heads with
-  `heads=False`) are initialised from `seed`; the encoder must be complete and
-  every tensor must have the shape the config implies.
+  `shapes` maps the source's tensor names to their shapes. Returns ({canonical HF
+  name: source name}, the report). One ConvertError line naming `source` for a
+  tensor twice, an unexpected one, a missing one of the encoder or of a partly
+  present group, or a shape the config does not imply.
   """
-  spec = _spec(config)
+  spec = tensor_spec(config)
   by_name = {t.hf: t for t in spec}
-  canon: dict[str, np.ndarray] = {}
+  canon: dict[str, str] = {}
   ignored: list[str] = []
-  for name, array in state.items():
+  for name in shapes:
     c = _canonical_hf_name(name)
     if c in _IGNORED_HF or (not heads and c.startswith("cls.")):
       ignored.append(name)
     elif c in by_name:
       if c in canon:
         raise ConvertError(f"{source}: tensor {c!r} appears twice (as {name!r})")
-      canon[c] = array
+      canon[c] = name
     elif c.startswith(("bert.", "cls.")):
       raise ConvertError(
           f"{source}: unexpected tensor {name!r}: not a parameter of a BERT with "
@@ -286,9 +286,9 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig, *, s
     else:  # another task's head, e.g. classifier.*: not part of pre-training
       ignored.append(name)
   # A tied-only export keeps the decoder bias under its other name.
-  bias = next((n for n in ("cls.predictions.decoder.bias",) if n in state), None)
+  bias = next((n for n in ("cls.predictions.decoder.bias",) if n in shapes), None)
   if heads and bias and "cls.predictions.bias" not in canon:
-    canon["cls.predictions.bias"] = state[bias]
+    canon["cls.predictions.bias"] = bias
     ignored.remove(bias)
 
   groups: dict[str, str] = {}
@@ -304,22 +304,36 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig, *, s
     else:
       groups[group] = "initialised"
   for t in spec:
-    if t.hf in canon and tuple(np.shape(canon[t.hf])) != t.hf_shape:
+    if t.hf in canon and tuple(shapes[canon[t.hf]]) != t.hf_shape:
       raise ConvertError(
-          f"{source}: tensor {t.hf!r} has shape {tuple(np.shape(canon[t.hf]))}; the config "
+          f"{source}: tensor {t.hf!r} has shape {tuple(shapes[canon[t.hf]])}; the config "
           f"expects {t.hf_shape}")
+  return canon, ImportReport(groups, sorted(ignored))
 
+
+def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig, *, source: str,
+                       heads: bool = True, seed: int = 0) -> tuple[dict, ImportReport]:
+  """Maps a HF BERT state dict (BertModel or BertForPreTraining names) to our params.
+
+  `source` names the weights in errors. Missing pooler / heads (or all heads with
+  `heads=False`) are initialised from `seed`; the encoder must be complete and
+  every tensor must have the shape the config implies (`match_hf_names`).
+  """
+  spec = tensor_spec(config)
+  names, report = match_hf_names({k: tuple(np.shape(v)) for k, v in state.items()}, config,
+                                 source=source, heads=heads)
+  canon = {c: state[n] for c, n in names.items()}
   _warn_non_finite(canon, source)
 
-  abstract = _abstract_params(config)
+  abstract = abstract_params_of(config)
   fresh = _init_missing(config, abstract, [t.path for t in spec if t.hf not in canon], seed)
   params: dict = {}
   for t in spec:
     if t.hf in canon:
-      _set(params, t.path, _to_ours(t, canon[t.hf], tuple(_get(abstract, t.path).shape)))
+      _set(params, t.path, _to_ours(t, canon[t.hf], tuple(get_path(abstract, t.path).shape)))
     else:
       _set(params, t.path, fresh[t.path])
-  return params, ImportReport(groups, sorted(ignored))
+  return params, report
 
 
 def non_finite_tensors(state: Mapping[str, Any]) -> list[str]:
@@ -356,19 +370,19 @@ def params_to_hf_state(params: Mapping, config: BertConfig) -> dict[str, np.ndar
   fine-tuned tree (bert + classifier, bert_jax.eval.finetune) gives what
   `transformers.BertForSequenceClassification` holds: `classifier.weight/bias`.
   """
-  spec = _spec(config)
+  spec = tensor_spec(config)
   classifier = isinstance(params, Mapping) and "classifier" in params
   if classifier:  # no pre-training heads; the encoder and pooler as always
     spec = [t for t in spec if t.group in (ENCODER, POOLER)]
-  abstract = _abstract_params(config)
+  abstract = abstract_params_of(config)
   out = {}
   for t in spec:
     try:
-      x = _get(params, t.path)
+      x = get_path(params, t.path)
     except (KeyError, TypeError):
       raise ConvertError(f"checkpoint params have no {'/'.join(t.path)} "
                          "(expected a BertForPreTraining parameter tree)") from None
-    want = tuple(_get(abstract, t.path).shape)
+    want = tuple(get_path(abstract, t.path).shape)
     if tuple(np.shape(x)) != want:
       raise ConvertError(f"checkpoint param {'/'.join(t.path)} has shape {tuple(np.shape(x))}; "
                          f"its model_config expects {want}")

@@ -10,10 +10,12 @@ PATH is one of
     (PATH/checkpoints/<step>); the newest step unless one is named.
 
 `resolve` reads the source's config and vocabulary (weights only for bert-jax
-sources, whose config lives beside them) and checks the run's config against
-it before anything is written: the model's shape and numerics, the vocabulary
-and the lowercasing come from the source; a config field that a config file or
-flag set to another value (settings.InitSettings.overrides) is one error line.
+sources, whose config lives beside them), checks the rest of it without
+loading the weights (`source_check`: every tensor's header, bytes and shape)
+and checks the run's config against it before anything is written: the
+model's shape and numerics, the vocabulary and the lowercasing come from the
+source; a config field that a config file or flag set to another value
+(settings.InitSettings.overrides) is one error line.
 `initial_state` builds the run's step-0 state: the source's parameters (the
 pooler and heads initialised when absent, as `convert` does), extended by
 `vocab_extension` if asked, and a fresh optimizer state.
@@ -29,12 +31,14 @@ import dataclasses
 import glob
 import importlib.util
 import os
+import shutil
 import tempfile
 from typing import Any, Iterator, Optional
 
 import jax
 
 from bert_jax import console
+from bert_jax.io import source_check
 from bert_jax.data import corpus, dataset, vocab_extension
 from bert_jax.io import checkpointing, convert
 from bert_jax.errors import BertJaxError, ConfigError
@@ -136,6 +140,11 @@ def resolve(s: Settings) -> Source:
                       "it needs TensorFlow, which is not installed (pip install tensorflow-cpu)")
   try:
     source = _read_bert_jax(path) if kind == "bert-jax" else _read_hf_like(path, kind)
+    # The whole source, before any data is prepared or folder made (not at step 0).
+    if kind == "bert-jax":
+      source_check.check_params(source._params, source.config, path)  # pylint: disable=protected-access
+    else:
+      source_check.check_weights(path, kind, source.config)
   except BertJaxError as e:
     raise ConfigError(f"{_flag(path)}: {e}") from None
   theirs = {f"model.{k}": getattr(source.config, k) for k in SOURCE_MODEL_FIELDS}
@@ -174,9 +183,21 @@ def data_settings(s: Settings, source: Source) -> Iterator[tuple[DataSettings, A
     ext = vocab_extension.learn(tok, texts, s.init.extend_vocab)
     console.log(f"init_from: vocabulary: {ext.describe(tok.vocab_size)}")
     tok = vocab_extension.extended_tokenizer(tok, ext)
-  with tempfile.TemporaryDirectory(prefix="bert_jax_init_from_") as tmp:
+  tmp = None
+  try:
+    tmp = tempfile.mkdtemp(prefix="bert_jax_init_from_")
     vocab_file = tok.save(tmp)
+  except OSError as e:  # a full or read-only temporary folder: one line, nothing left there
+    if tmp is not None:
+      shutil.rmtree(tmp, ignore_errors=True)
+    raise ConfigError(
+        f"{_flag(source.path)}: cannot write the run's vocabulary ({tok.vocab_size} tokens) "
+        f"to a temporary folder in {tempfile.gettempdir()} ({e.strerror}); expected a "
+        "writable temporary folder with free space (or set TMPDIR to one)") from None
+  try:
     yield dataclasses.replace(s.data, vocab_file=vocab_file, lowercase=tok.lowercase), ext
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def initial_params(source: Source, config: BertConfig, ext, seed: int) -> tuple[dict, dict]:

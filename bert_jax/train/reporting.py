@@ -11,6 +11,9 @@ from typing import Any, Optional
 
 import jax
 
+from bert_jax import console
+from bert_jax.errors import ConfigError
+
 
 def is_record(obj: Any) -> bool:
   """A metrics record: a JSON object with an int `step`, a str `split`, numeric metrics."""
@@ -34,20 +37,27 @@ class Reporter:
     # resuming with another model size) leaves no new events file behind.
     self._tensorboard_dir = os.path.join(workdir, "tensorboard")
     self._writer = None
+    self._failed = False  # a write failed (full disk): close() then stays quiet
     self.skipped_lines = 0  # lines of metrics.jsonl that the last read skipped
 
   def write(self, split: str, step: int, metrics: dict) -> None:
     if not self.active:
       return
-    if self._writer is None:
-      # tensorboardX imports torch when installed (+1.3 s a process): only a run that logs pays.
-      from tensorboardX import SummaryWriter  # in-function on purpose, see above
-      self._writer = SummaryWriter(self._tensorboard_dir)
-    for k, v in metrics.items():
-      self._writer.add_scalar(f"{split}/{k}", float(v), step)
-    self._writer.flush()
-    with open(self.history_path, "a") as f:
-      f.write(json.dumps({"split": split, "step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
+    where = self._tensorboard_dir
+    try:  # a full disk: one line (a record cut short is dropped on resume)
+      if self._writer is None:
+        # tensorboardX imports torch when installed (+1.3 s a process): only a run that logs pays.
+        from tensorboardX import SummaryWriter  # in-function on purpose, see above
+        self._writer = SummaryWriter(self._tensorboard_dir)
+      for k, v in metrics.items():
+        self._writer.add_scalar(f"{split}/{k}", float(v), step)
+      self._writer.flush()
+      where = self.history_path
+      with open(self.history_path, "a") as f:
+        f.write(json.dumps({"split": split, "step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
+    except OSError as e:
+      self._failed = True
+      raise self._write_error(e, where) from None
 
   def history(self, max_step: int) -> list[dict]:
     """Records up to `max_step` (a resumed run drops what it will redo).
@@ -98,10 +108,30 @@ class Reporter:
           kept.append(json.dumps(line) + "\n")
       elif line.strip():
         kept.append(line if line.endswith("\n") else line + "\n")
+    if "".join(kept) == self._text():
+      return  # nothing to forget: a resume on a full disk writes nothing here
     tmp = self.history_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
-      f.writelines(kept)
-    os.replace(tmp, self.history_path)
+    try:
+      with open(tmp, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+        f.writelines(kept)
+      os.replace(tmp, self.history_path)
+    except OSError as e:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+      raise self._write_error(e, self.history_path) from None
+
+  def _text(self) -> str:
+    try:
+      with open(self.history_path, encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+        return f.read()
+    except FileNotFoundError:
+      return ""
+
+  @staticmethod
+  def _write_error(e: OSError, path: str) -> ConfigError:
+    return ConfigError(f"could not write {path}: {console.write_reason(e)}; "
+                       "expected a workdir with free space that can be written (the "
+                       "checkpoints are intact: rerun the same command once it can be)")
 
   def skipped_warning(self) -> Optional[str]:
     """One `warning:` line about the last read's skipped lines, or None."""
@@ -160,4 +190,8 @@ class Reporter:
 
   def close(self):
     if self._writer is not None:
-      self._writer.close()
+      try:
+        self._writer.close()
+      except OSError as e:
+        if not self._failed:  # after a failed write its error is the one reported
+          raise self._write_error(e, self._tensorboard_dir) from None

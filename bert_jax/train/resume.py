@@ -212,8 +212,9 @@ class RunCheckpoints:
     except Exception:  # pylint: disable=broad-except
       older = []
     err = CheckpointError(
-        f"could not write checkpoint {self.ckpt_dir}/{step}: {console.write_reason(e)}; older "
-        f"checkpoints are intact (steps {older})")
+        f"could not write checkpoint {self.ckpt_dir}/{step}: {console.write_reason(e)}; " + (
+            f"older checkpoints are intact (steps {older})" if older else
+            "there is no older checkpoint; rerun the same command once it can be written"))
     # Orbax/TensorStore threads of the failed write may still print (tracebacks of
     # their closed event loops) and keep the interpreter from exiting: train_cli
     # ends the process at once after this error's line.
