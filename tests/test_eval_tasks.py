@@ -404,7 +404,8 @@ def test_word_order_leaves_out_what_cannot_be_swapped_and_repeats():
 
 def test_heldout_text_shares_no_sentence_with_the_corpus():
   from bert_jax.eval import word_order
-  corpus = os.path.join(os.path.dirname(word_order.HELDOUT), "..", "corpus.txt")
+  corpus = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
+                        "corpus.txt")
   with open(corpus, encoding="utf-8") as f:
     lines = {" ".join(l.split()) for l in f}
   assert not lines & set(word_order.read_sentences())

@@ -17,7 +17,7 @@ weights (whose mixing of positions is arbitrary) sit near 0.5; what a linear
 probe gains above that was learned in pre-training (MLM must predict words
 from their order).
 
-The text: data/probe/heldout.txt, about 400 short, lowercase, unpunctuated
+The text: bert_jax/eval/word_order_heldout.txt, about 400 short, lowercase, unpunctuated
 everyday sentences written for this task in the style of data/corpus.txt, with
 its vocabulary but none of its sentences. It is held out from every corpus
 that ships, so a Quick start model has never read these sentences.
@@ -37,8 +37,8 @@ from bert_jax.eval.task import CLASSIFICATION, Example, Task, metric_names
 
 NAME = "word_order"
 LABELS = ("original", "swapped")
-HELDOUT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                       "data", "probe", "heldout.txt")
+# Installed with the package (pyproject's package-data), so `pip install .` has it too.
+HELDOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "word_order_heldout.txt")
 SEED = 0
 DEV_FRACTION = 0.3
 
@@ -47,7 +47,7 @@ def read_sentences(path: str = HELDOUT) -> list[str]:
   """Non-blank lines of `path`, whitespace normalised."""
   if not os.path.isfile(path):
     raise TaskError(f"built-in task {NAME}: its text {path} does not exist; expected the "
-                    "held-out sentences that ship with bert-jax (data/probe/heldout.txt)")
+                    "held-out sentences that ship with bert-jax (bert_jax/eval/word_order_heldout.txt)")
   with open(path, encoding="utf-8") as f:
     return [" ".join(l.split()) for l in f if l.strip()]
 
