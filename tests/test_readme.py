@@ -39,7 +39,8 @@ README = "README.md"
 # an earlier file's blocks made; each one only needs the Quick start's runs/tiny today.
 GUIDES = ("docs/training.md", "docs/multi-host-and-tpu.md", "docs/continued-pretraining.md",
           "docs/feature-extraction.md", "docs/conversion.md", "docs/bad-input-and-recovery.md",
-          "docs/performance.md", "docs/deviations.md", "docs/ARCHITECTURE.md")
+          "docs/performance.md", "docs/deviations.md", "docs/downstream.md",
+          "docs/ARCHITECTURE.md")
 FILES = (README,) + GUIDES
 
 # What a fresh clone holds that the commands of the README and the guides use.
@@ -71,6 +72,11 @@ SKIP = {
                         "TINY flags",
     "python -m bert_jax.io.convert from-tf ": "needs TensorFlow and a downloaded "
                                            "google-research/bert checkpoint",
+    "python -m bert_jax.finetune --checkpoint runs/base --task glue_data/": (
+        "GLUE's files come from the user (nothing downloads); tests/test_finetune.py runs "
+        "fine-tuning on tasks it writes in GLUE's layouts"),
+    "python -m bert_jax.io.convert to-hf runs/mrpc-model ": "exports the model of the "
+                                                           "skipped GLUE command above",
 }
 
 _FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```\s*$", re.M | re.S)
@@ -146,6 +152,8 @@ def _shrunk(command: str) -> str:
   shrink = SHRINK
   if "--config.init_from=" in command:  # the source decides the model's shape
     shrink = tuple(f for f in SHRINK if not f.startswith("--config.model."))
+  if "--config.train.num_steps=0" in command:  # an evaluation of the source: no steps to shrink
+    shrink = tuple(f for f in shrink if not f.startswith("--config.train.num_steps="))
   appended = []
   for flag in shrink:
     name = flag.split("=", 1)[0]
