@@ -220,13 +220,8 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def machine_info() -> dict:
-  cpu = platform.processor() or "unknown"
-  try:
-    with open("/proc/cpuinfo") as f:
-      names = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
-    cpu = names[0] if names else cpu
-  except OSError:
-    pass
+  from bert_jax.model import precision  # the one reader of /proc/cpuinfo
+  cpu = precision.cpu_model() or platform.processor() or "unknown"
   info = {"cpu": cpu, "cores": os.cpu_count(), "gpu": None, "python": platform.python_version()}
   versions = {}
   for mod in ("jax", "jaxlib", "flax", "optax", "transformers", "torch"):

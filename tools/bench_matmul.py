@@ -43,17 +43,9 @@ INTERESTING_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "am
 
 
 def cpu_description() -> tuple[str, list]:
-  model, flags = platform.processor() or "unknown CPU", set()
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name") and model in ("", "unknown CPU", "x86_64"):
-          model = line.split(":", 1)[1].strip()
-        elif line.startswith("flags"):
-          flags = set(line.split(":", 1)[1].split())
-          break
-  except OSError:
-    pass
+  from bert_jax.model import precision  # the one reader of /proc/cpuinfo
+  model = precision.cpu_model() or platform.processor() or "unknown CPU"
+  flags = precision.cpu_flags()
   return model, [f for f in INTERESTING_FLAGS if f in flags]
 
 

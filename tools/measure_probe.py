@@ -2,6 +2,12 @@
 
   python tools/measure_probe.py --checkpoint runs/tiny
   python tools/measure_probe.py --checkpoint runs/minilm --random_seeds 3 --json probe.json
+  python tools/measure_probe.py --checkpoint runs/tiny --checkpoint runs/minilm --readme
+
+`--checkpoint` may be given several times (one table, each checkpoint followed by its
+random-weight copies); `--readme` also writes the table between the
+`<!-- probe:start -->` / `<!-- probe:end -->` markers of README.md, with the date and
+the machine.
 
 Restores the checkpoint's params (any bert-jax checkpoint: trained by train.py
 or imported by `bert_jax.io.convert from-hf`), then builds the same model config
@@ -19,6 +25,7 @@ which the words alone cannot solve; random weights sit near 0.5 on it.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -33,7 +40,11 @@ from bert_jax.errors import BertJaxError  # noqa: E402
 from bert_jax.eval import probe, tasks  # noqa: E402
 from bert_jax.features.extract import Extractor  # noqa: E402
 from bert_jax import cli as common  # noqa: E402
-from bert_jax.model.bert import init_params
+from bert_jax.model.bert import init_params  # noqa: E402
+from tools import readme_block  # noqa: E402
+from tools.measure_quickstart import cpu_name  # noqa: E402
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
 
 def _stderr(p: float, n: int) -> float:
@@ -87,7 +98,8 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--checkpoint", required=True, help="a bert-jax workdir or checkpoint folder")
+  p.add_argument("--checkpoint", required=True, action="append",
+                 help="a bert-jax workdir or checkpoint folder (may be repeated)")
   p.add_argument("--task", default="word_order",
                  help="any bert_jax.probe task (default word_order)")
   p.add_argument("--layers", default="-1")
@@ -97,14 +109,26 @@ def main(argv=None) -> int:
   p.add_argument("--seed", type=int, default=0, help="the probe's held-out split")
   p.add_argument("--data_dir", default=None)
   p.add_argument("--json", default=None, help="also write the results here")
+  p.add_argument("--readme", action="store_true", help="rewrite the probe block of README.md")
   args = p.parse_args(common.join_negative_values(list(sys.argv[1:] if argv is None else argv)))
   try:
-    result = measure(args.checkpoint, args.task, common.parse_layers(args.layers), args.pooling,
-                     args.random_seeds, args.seed, args.data_dir)
+    if args.readme:
+      readme_block.check(README, "probe")  # before the long run, not after
+    results = [measure(c, args.task, common.parse_layers(args.layers), args.pooling,
+                       args.random_seeds, args.seed, args.data_dir) for c in args.checkpoint]
   except BertJaxError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  print(markdown(result))
+  result = {**results[0], "rows": [r for res in results for r in res["rows"]]}
+  table = markdown(result)
+  print(table)
+  if args.readme:
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    readme_block.rewrite(README, "probe", f"**Measured** on {cpu_name()} ({os.cpu_count()} "
+                         f"cores), {when}: `python tools/measure_probe.py "
+                         + " ".join(f"--checkpoint {c}" for c in args.checkpoint)
+                         + f" --random_seeds {args.random_seeds} --readme`.\n\n" + table)
+    print(f"rewrote the probe block of {README}", file=sys.stderr)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(result, f, indent=2)

@@ -45,15 +45,9 @@ _SUMMARY = re.compile(
     r"; compile \(first step\) ([^;]*?)(?:; evaluation ([\d.]+) s)?$", re.M)
 
 
-def _cpu_name() -> str:
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
+def cpu_name() -> str:
+  from bert_jax.model import precision  # the one reader of /proc/cpuinfo
+  return precision.cpu_model() or platform.processor() or platform.machine()
 
 
 def _duration(sec: float) -> str:
@@ -122,7 +116,7 @@ def body(m: dict) -> str:
   devices = re.search(r"(\d+ \w+ devices)", m["model"])
   mfu = f", MFU {s[8]}" if s[8] else " (MFU: no known peak for this device)"
   return "\n".join([
-      f"**Measured**: `{command}` in a fresh workdir, on {_cpu_name()} ({os.cpu_count()} "
+      f"**Measured**: `{command}` in a fresh workdir, on {cpu_name()} ({os.cpu_count()} "
       f"cores, {devices[1] if devices else 'devices: see the run'}; load average "
       f"{m['load_at_start']:.1f} when it started), {m['date']:%Y-%m-%d %H:%M} UTC. Written by "
       f"`python tools/measure_quickstart.py --readme` from that run's output and "

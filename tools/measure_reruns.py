@@ -55,7 +55,7 @@ def body(evals: list[dict], steps: int, date: datetime.datetime) -> str:
       f"{spread([e[k] for e in evals]):.3f}" for _, k in METRICS) + " |")
   return "\n".join([
       f"**Reruns**: `python train.py` {len(evals)} times, each in a fresh workdir (so each "
-      f"trains its vocabulary afresh), on {mq._cpu_name()} ({os.cpu_count()} cores), "
+      f"trains its vocabulary afresh), on {mq.cpu_name()} ({os.cpu_count()} cores), "
       f"{date:%Y-%m-%d %H:%M} UTC; eval split of "
       f"{', '.join(map(str, examples)) or '?'} examples. Written by "
       f"`python tools/measure_reruns.py --runs {len(evals)} --readme`.{quick}",

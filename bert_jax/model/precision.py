@@ -34,16 +34,30 @@ _NATIVE_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 # dtype resolution
 
 
-def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> set:
-  """The CPU feature flags of the first processor in /proc/cpuinfo (empty set if unreadable)."""
+def _cpuinfo_field(name: str, cpuinfo_path: str) -> str:
+  """The first processor's `name` field of /proc/cpuinfo ('' if absent or unreadable).
+
+  The one reader of /proc/cpuinfo: the flags choose the dtype, the model name goes
+  into the measured blocks of the docs (tools/).
+  """
   try:
     with open(cpuinfo_path) as f:
       for line in f:
-        if line.startswith("flags") and ":" in line:
-          return set(line.split(":", 1)[1].split())
+        if line.startswith(name) and ":" in line:
+          return line.split(":", 1)[1].strip()
   except OSError:
     pass
-  return set()
+  return ""
+
+
+def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> set:
+  """The CPU feature flags of the first processor in /proc/cpuinfo (empty set if unreadable)."""
+  return set(_cpuinfo_field("flags", cpuinfo_path).split())
+
+
+def cpu_model(cpuinfo_path: str = "/proc/cpuinfo") -> str:
+  """The CPU's model name, e.g. 'AMD EPYC 9B14' ('' if unreadable)."""
+  return _cpuinfo_field("model name", cpuinfo_path)
 
 
 def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
