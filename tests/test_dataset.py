@@ -355,7 +355,7 @@ def write_vocab(tmp_path):
 
 
 def test_same_corpus_seed_and_vocab_give_identical_examples_in_another_cache(plain, tmp_path):
-  # A fixed vocabulary: WordPiece training itself is not deterministic (README).
+  # A fixed vocabulary: the examples alone are compared (training one is tested in test_tokenizer).
   c = data_config(plain, vocab_file=write_vocab(tmp_path))
   first = dataset.prepare(c, [16], str(tmp_path / "a"), seed=0)
   second = dataset.prepare(c, [16], str(tmp_path / "b"), seed=0)

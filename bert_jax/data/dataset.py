@@ -69,7 +69,7 @@ from bert_jax.data.prepared_check import (  # noqa: F401
     write_manifest)
 from bert_jax.data.tokenizer import Tokenizer
 
-if TYPE_CHECKING:  # settings imports the model (JAX); data code does not
+if TYPE_CHECKING:  # data code takes its typed part of the settings, never a config
   from bert_jax.settings import DataSettings
 
 # Bump when the way examples are made or stored changes, so old caches are not reused.

@@ -124,7 +124,7 @@ class Dropout(nn.Module):
 
   Each random 32-bit word is split into two 16-bit draws, so half as many
   words are made. The words come from `hash_bits` (config.model.dropout_rng =
-  'hash', the default) or from JAX's threefry ('threefry'); the bench/README
+  'hash', the default) or from JAX's threefry ('threefry'); docs/performance.md
   has the A/B of both. The keep probability is round((1 - rate) * 2**16) /
   2**16, within 1e-5 of 1 - rate, and kept values are scaled by its exact
   inverse.
