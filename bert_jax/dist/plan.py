@@ -67,6 +67,8 @@ class StepPlan:
   xla_flops: float = 0.0  # cost_analysis, per device
   collectives: list = dataclasses.field(default_factory=list)
   dot_dtypes: dict = dataclasses.field(default_factory=dict)  # 'bf16 x bf16 -> f32': count
+  narrow_output_dots: list = dataclasses.field(default_factory=list)  # op names, not -> f32
+  optimization_barriers: int = 0  # opt-barrier ops left in the compiled program
   host_transfers: list = dataclasses.field(default_factory=list)
   compile_seconds: float = 0.0
 
@@ -257,9 +259,12 @@ class Planner:
     plan.xla_flops = float(_cost(compiled).get("flops", 0.0))
     module = hlo.parse(compiled.as_text())
     plan.collectives = hlo.collectives(module)
-    for lhs, rhs, out, _ in hlo.dots(module):
+    for lhs, rhs, out, where in hlo.dots(module):
       key = f"{lhs} x {rhs} -> {out}"
       plan.dot_dtypes[key] = plan.dot_dtypes.get(key, 0) + 1
+      if out not in ("f32", "f64"):
+        plan.narrow_output_dots.append(where)
+    plan.optimization_barriers = hlo.opcode_counts(module, ("opt-barrier",))["opt-barrier"]
     plan.host_transfers = hlo.host_transfers(module)
     self.log(f"  {plan.name}, B={B}: {plan.total_bytes / GIB:.2f} GiB per device "
              f"({plan.compile_seconds:.0f} s)")
