@@ -256,9 +256,11 @@ def test_local_plan_on_cpu_devices_replicated_and_fsdp(tmp_path):
     assert abs(train.argument_bytes - (train.params_bytes + train.opt_state_bytes
                                        + train.batch_bytes)) <= 64
     assert train.model_flops > 0 and train.host_transfers == []
-  kinds = lambda st: {c.kind for c in st.collectives}
-  assert "all-reduce" in kinds(rep.steps[0]) and "all-gather" not in kinds(rep.steps[0])
-  assert "all-gather" in kinds(fsdp.steps[0])
+  floats = lambda st: {c.kind: c.float_bytes for c in st.collectives}
+  # replicated: gradients all-reduced, no parameter gathered (XLA CPU gathers a few int32
+  # masking indices for top_k, which is not parameter traffic)
+  assert floats(rep.steps[0])["all-reduce"] > 0 and not floats(rep.steps[0]).get("all-gather")
+  assert floats(fsdp.steps[0])["all-gather"] > 0
   assert fsdp.steps[0].params_bytes * 4 < rep.steps[0].params_bytes
   text = plan_lib.format_plan(rep)
   assert "train phase 0" in text and "fits" in text and "all-reduce" in text
@@ -332,12 +334,13 @@ def test_tpu_collectives_are_those_of_the_param_sharding(tpu_plan):
   name, mode, plan = tpu_plan
   train = plan.steps[0]
   kinds = {c.kind: c for c in train.collectives}
-  if mode == "replicated":  # one gradient all-reduce (XLA combines the tensors), no gathers
-    assert set(kinds) == {"all-reduce"}, kinds
+  floats = {k: c.float_bytes for k, c in kinds.items()}
+  if mode == "replicated":  # the gradient all-reduce (XLA combines the tensors), no gathers
+    assert set(kinds) <= {"all-reduce", "all-gather"} and not floats.get("all-gather"), kinds
     # the gradients cross the wire once: at least the parameters in bf16
-    assert kinds["all-reduce"].bytes >= train.params_bytes // 2
+    assert floats["all-reduce"] >= train.params_bytes // 2
   else:  # parameters gathered for use, gradients reduce-scattered back to their shards
-    assert {"all-gather", "reduce-scatter"} <= set(kinds), kinds
+    assert floats.get("all-gather") and floats.get("reduce-scatter"), kinds
 
 
 @needs_libtpu

@@ -110,16 +110,20 @@ def parse(text: str) -> Module:
   return Module(comps, entry, defs, roots)
 
 
-def array_bytes(type_text: str) -> int:
-  """Bytes of an array or tuple type (layout annotations ignored)."""
-  total = 0.0
-  for dtype, dims in _ARRAY.findall(type_text.split("{")[0] if not type_text.startswith("(")
-                                    else re.sub(r"\{[^}]*\}", "", type_text)):
+def bytes_by_dtype(type_text: str) -> collections.Counter:
+  """Bytes of an array or tuple type per element type (layout annotations ignored)."""
+  out = collections.Counter()
+  for dtype, dims in _ARRAY.findall(re.sub(r"\{[^}]*\}", "", type_text)):
     n = 1
     for d in filter(None, dims.split(",")):
       n *= int(d)
-    total += n * _BYTES.get(dtype, 4)
-  return int(total)
+    out[dtype] += int(n * _BYTES.get(dtype, 4))
+  return out
+
+
+def array_bytes(type_text: str) -> int:
+  """Bytes of an array or tuple type (layout annotations ignored)."""
+  return sum(bytes_by_dtype(type_text).values())
 
 
 def dtype_of(type_text: str) -> str:
@@ -179,6 +183,12 @@ class Collective:
   count: int  # executions per step
   bytes: int  # per device per step: the full array of each (result; the input for reduce-scatter)
   in_unknown_loop: bool = False  # some ran in a loop whose trip count XLA did not state
+  dtypes: dict = dataclasses.field(default_factory=dict)  # element type -> its share of bytes
+
+  @property
+  def float_bytes(self) -> int:
+    """Bytes of floating-point data (parameters, gradients, activations), not indices."""
+    return sum(n for t, n in self.dtypes.items() if t.startswith(("f", "bf")))
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -195,30 +205,37 @@ def collectives(text_or_module) -> list[Collective]:
     if not n or comp in scatter_comps:
       continue
     for ins in instrs:
-      kind = size = None
+      kind, types = None, None
       called = re.search(r"\bcalls=%?([\w.\-]+)", ins.attrs)
       if ins.opcode == "fusion" and called and called.group(1) in scatter_comps:
-        kind = "reduce-scatter"
-        size = sum(array_bytes(module.defs[o].type_text) for o in ins.operands
-                   if o in module.defs)
+        kind, types = "reduce-scatter", _operand_types(module, ins)
       elif ins.opcode.endswith("-done"):
         continue  # its -start was counted
       else:
         base = ins.opcode[:-len("-start")] if ins.opcode.endswith("-start") else ins.opcode
         if base in COLLECTIVES:
-          kind = base
-          size = array_bytes(ins.type_text)
+          kind, types = base, bytes_by_dtype(ins.type_text)
           if ins.opcode.endswith("-start") and ins.type_text.startswith("("):
-            size //= 2  # (operand, result, [scratch]) tuples: count the data once
+            # (operand, result[, scratch]) tuples: count the data once
+            types = collections.Counter({t: n // 2 for t, n in types.items()})
           if base == "reduce-scatter":
-            size = sum(array_bytes(module.defs[o].type_text) for o in ins.operands
-                       if o in module.defs) or size
+            types = _operand_types(module, ins) or types
       if kind:
         c = out.setdefault(kind, Collective(kind, 0, 0))
         c.count += n
-        c.bytes += n * size
+        c.bytes += n * sum(types.values())
+        for t, b in types.items():
+          c.dtypes[t] = c.dtypes.get(t, 0) + n * b
         c.in_unknown_loop |= comp in unknown
   return sorted(out.values(), key=lambda c: -c.bytes)
+
+
+def _operand_types(module: Module, ins: Instr) -> collections.Counter:
+  out = collections.Counter()
+  for o in ins.operands:
+    if o in module.defs:
+      out.update(bytes_by_dtype(module.defs[o].type_text))
+  return out
 
 
 def dots(text_or_module) -> list[tuple[str, str, str, str]]:
