@@ -339,8 +339,12 @@ def test_tpu_collectives_are_those_of_the_param_sharding(tpu_plan):
     assert set(kinds) <= {"all-reduce", "all-gather"} and not floats.get("all-gather"), kinds
     # the gradients cross the wire once: at least the parameters in bf16
     assert floats["all-reduce"] >= train.params_bytes // 2
-  else:  # parameters gathered for use, gradients reduce-scattered back to their shards
-    assert floats.get("all-gather") and floats.get("reduce-scatter"), kinds
+  else:  # parameters gathered for use, gradients reduced back to their shards
+    assert floats.get("all-gather"), kinds
+    if name.startswith("v5e"):  # as reduce-scatters (XLA TPU's all-reduce-scatter fusions)
+      assert floats.get("reduce-scatter"), kinds
+    else:  # v4 megacore: XLA all-reduces these small gradients and keeps its slice
+      assert floats.get("reduce-scatter") or floats.get("all-reduce"), kinds
 
 
 @needs_libtpu

@@ -9,8 +9,8 @@ does (`bert_jax.dist.plan`), for v4-8, v5e-8, v5p-8 and v6e-8, with libtpu
 on any host (no TPU). Each row: memory per device against the chip's HBM,
 fits or not, the FLOPs of one step and its collectives. Needs libtpu (pip
 install -r requirements-tpu.txt). A compile takes minutes on 2 CPU cores;
-rows are printed as they finish, and the file is written (atomically) at the end
-with the date and the versions used.
+rows are printed as they finish, and the file is rewritten (atomically) after
+each row, with the date and the versions used.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def main(argv=None) -> int:
   from bert_jax.dist import plan as plan_lib
   phases = [int(p) for p in args.phases.split(",")]
   rows, started = [], time.time()
+  todo = len(args.models.split(",")) * len(topos) * len(phases)
   print(HEADER, flush=True)
   for key in args.models.split(","):
     label, path = MODELS[key]
@@ -81,20 +82,27 @@ def main(argv=None) -> int:
           r = row(label, t, p.compile_step("train", ph))
           rows.append(r)
           print(r, flush=True)
+          write(args.out, rows, todo, time.time() - started)  # a long run keeps what it has
+  print(f"wrote {args.out}", file=sys.stderr)
+  return 0
+
+
+def write(path: str, rows: list, todo: int, seconds: float) -> None:
+  from bert_jax.dist import plan as plan_lib
   v = plan_lib.versions()
   date = datetime.date.today().isoformat()
+  partial = f" Partial: {len(rows)} of {todo} rows." if len(rows) < todo else ""
   text = (f"Generated {date} by `python tools/plan_table.py` (jax {v['jax']}, libtpu "
-          f"{v.get('libtpu', '-')}; {time.time() - started:.0f} s of compiling on this host). "
+          f"{v.get('libtpu', '-')}; {seconds:.0f} s of compiling on this host).{partial} "
           "Global batch 256, the configs as shipped (mixed bf16; BERT-Large with remat); "
           "memory is the compiler's per-device total (state, batch, temporaries, program).\n\n"
           + HEADER + "\n" + "\n".join(rows) + "\n")
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(args.out)), suffix=".md")
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=folder, suffix=".md")
   with os.fdopen(fd, "w") as f:
     f.write(text)
-  os.replace(tmp, args.out)
-  print(f"wrote {args.out}", file=sys.stderr)
-  return 0
+  os.replace(tmp, path)
 
 
 if __name__ == "__main__":

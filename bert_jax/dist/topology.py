@@ -266,8 +266,12 @@ def _quiet_env() -> None:
   """On a host that is not a TPU VM, tell libtpu it is alone (no metadata server, no workers).
 
   Without these libtpu prints errors about TPU_ACCELERATOR_TYPE and
-  TPU_WORKER_HOSTNAMES while it loads. Values already set (a TPU VM's) are kept.
+  TPU_WORKER_HOSTNAMES while it loads, and a second process that loads it (two
+  plans at once, or a plan beside a run) stops on libtpu's lockfile: only
+  compile-only devices are made here, no chip is opened. Values already set
+  (a TPU VM's) are kept.
   """
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v4-8")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
