@@ -68,8 +68,9 @@ def get_config() -> ml_collections.ConfigDict:
   # or 'float32' | 'bfloat16' | 'float16'. Params, LayerNorm, softmax, loss: float32.
   c.model.dtype = "auto"  # compute dtype: auto | float32 | bfloat16 | float16
   c.model.remat = False  # recompute activations in the backward pass (less memory, more time)
-  # Dropout's random bits: 'hash' (a keyed counter hash, cheap) or 'threefry'
-  # (JAX's default generator). Same keep probability either way.
+  # Dropout's random bits: 'hash' (a keyed counter hash, cheap), 'threefry'
+  # (JAX's default generator), or 'rbg' / 'unsafe_rbg' (XLA's RngBitGenerator).
+  # Same keep probability either way.
   c.model.dropout_rng = "hash"
 
   # --- optimization ---

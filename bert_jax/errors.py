@@ -21,6 +21,10 @@ class CheckpointError(BertJaxError):
   """A checkpoint that is missing, corrupt or does not match the config."""
 
 
+class TopologyError(BertJaxError):
+  """A TPU topology that cannot be compiled for here: unknown name, libtpu missing or mismatched."""
+
+
 class NonFiniteError(BertJaxError):
   """Training produced non-finite losses/gradients for too long, or NaN/inf parameters."""
 

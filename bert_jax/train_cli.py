@@ -26,7 +26,7 @@ _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a s
           tuple: "a tuple such as '(128,512)'", list: "a tuple such as '(128,512)'"}
 
 
-def _flag_error(e: BaseException) -> NoReturn:
+def flag_error(e: BaseException) -> NoReturn:
   """A bad flag or --config override: one `error:` line and exit 2, like any bad input."""
   while e.args and isinstance(e.args[0], BaseException):
     e = e.args[0]  # ml_collections wraps the KeyError of an unknown field
@@ -59,7 +59,7 @@ def define_flags(default_config: str, default_workdir: str) -> None:
     config_flags.DEFINE_config_file("config", default_config, "Config file (ml_collections).",
                                     lock_config=True)
   except (AttributeError, KeyError) as e:
-    _flag_error(e)
+    flag_error(e)
   flags.DEFINE_string("workdir", default_workdir,
                       "Checkpoints, logs and prepared data go here.")
 
@@ -86,7 +86,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     getattr(FLAGS.config, "keys")  # a --config file that failed to load raises only when used
     return rest
   except (flags.Error, AttributeError, KeyError, OSError) as e:
-    _flag_error(e)
+    flag_error(e)
 
 
 def _last_line(text: str, threads_failed: bool = False) -> None:

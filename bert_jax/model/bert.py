@@ -119,13 +119,22 @@ def hash_bits(key: jax.Array, shape: tuple) -> jax.Array:
   return _mix32(_mix32(index ^ seed_2[0]) ^ seed_2[1])
 
 
+def impl_bits(impl: str, key: jax.Array, shape: tuple) -> jax.Array:
+  """uint32 words from JAX's `impl` generator ('rbg', 'unsafe_rbg': XLA's RngBitGenerator,
+  the TPU's hardware generator), keyed by four threefry words of `key`."""
+  k = jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl=impl)
+  return jax.random.bits(k, shape, jnp.uint32)
+
+
 class Dropout(nn.Module):
   """Inverted dropout drawing 16 random bits per element instead of 32.
 
   Each random 32-bit word is split into two 16-bit draws, so half as many
   words are made. The words come from `hash_bits` (config.model.dropout_rng =
-  'hash', the default) or from JAX's threefry ('threefry'); docs/performance.md
-  has the A/B of both. The keep probability is round((1 - rate) * 2**16) /
+  'hash', the default), from JAX's threefry ('threefry'), or from XLA's
+  RngBitGenerator ('rbg', 'unsafe_rbg'); docs/performance.md has the A/B of the first
+  two; `python -m bert_jax.plan` compares them compiled for a TPU. The keep
+  probability is round((1 - rate) * 2**16) /
   2**16, within 1e-5 of 1 - rate, and kept values are scaled by its exact
   inverse.
   """
@@ -141,7 +150,8 @@ class Dropout(nn.Module):
       return x
     rng = self.make_rng("dropout")
     bits = hash_bits if self.rng == "hash" else (
-        lambda k, s: jax.random.bits(k, s, jnp.uint32))
+        lambda k, s: jax.random.bits(k, s, jnp.uint32)) if self.rng == "threefry" else (
+        functools.partial(impl_bits, self.rng))
     shape = x.shape
     if shape and shape[-1] % 2 == 0:
       words = bits(rng, shape[:-1] + (shape[-1] // 2,))

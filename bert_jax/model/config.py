@@ -10,7 +10,7 @@ from bert_jax.errors import ConfigError
 
 # Compute dtypes by name (jax.numpy is imported only when a dtype object is asked for).
 _DTYPES = ("float32", "bfloat16", "float16")
-_DROPOUT_RNGS = ("hash", "threefry")
+_DROPOUT_RNGS = ("hash", "threefry", "rbg", "unsafe_rbg")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,8 @@ class BertConfig:
   # resolve it first with bert_jax.model.precision.resolve_dtype.
   dtype: str = "float32"
   remat: bool = False
-  dropout_rng: str = "hash"  # 'hash' | 'threefry': how dropout draws its random bits
+  # How dropout draws its random bits: 'hash' | 'threefry' | 'rbg' | 'unsafe_rbg'.
+  dropout_rng: str = "hash"
 
   @property
   def padded_vocab_size(self) -> int:

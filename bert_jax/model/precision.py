@@ -13,13 +13,21 @@ Gradients are returned in the dtype of each primal operand, so a float32
 parameter fed directly into the dot receives a float32 gradient, never one
 rounded to bfloat16.
 
+How the dot is laid out depends on the platform it is compiled for: XLA CPU
+gets its operands transposed to a canonical layout behind optimization
+barriers (see `_plain`); TPUs and GPUs get the plain dot. The platform is the
+one of `target_platform(...)` around the model's trace (the mesh's devices:
+a TPU program compiled on a CPU host is a TPU program), else JAX's default
+backend.
+
 `resolve_dtype('auto', platform)` picks the compute dtype for a machine.
 """
 
+import contextlib
+import contextvars
 import functools
-import os
 import string
-from typing import Optional, Sequence
+from typing import Optional
 
 import jax
 import jax.extend
@@ -149,8 +157,29 @@ def _parse(spec: str) -> tuple[str, str, str]:
   return parts[0], parts[1], out
 
 
-def _plain(lhs: str, rhs: str, out: str, a, b, op_dtype):
+_TARGET = contextvars.ContextVar("bert_jax_precision_target", default=None)
+
+
+@contextlib.contextmanager
+def target_platform(platform: Optional[str]):
+  """Mixed dots traced inside are laid out for `platform` ('cpu', 'tpu', 'gpu'; None: default)."""
+  token = _TARGET.set(platform)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
+
+
+def cpu_layout() -> bool:
+  """True when the dots traced now are for XLA CPU (canonical layout and barriers)."""
+  return (_TARGET.get() or jax.default_backend()).lower() == "cpu"
+
+
+def _plain(lhs: str, rhs: str, out: str, a, b, op_dtype, for_cpu: bool = True):
   """op_dtype x op_dtype -> float32 dot in einsum form (not differentiated).
+
+  Not `for_cpu` (TPU, GPU): the plain dot_general with float32 accumulation,
+  laid out as the compiler likes it. `for_cpu`:
 
   The operands are first put in the canonical layout [batch, free, contract]
   x [batch, contract, free]: with the contraction on the lhs's last axis XLA
@@ -162,6 +191,11 @@ def _plain(lhs: str, rhs: str, out: str, a, b, op_dtype):
   batch = [x for x in lhs if x in rhs and x in out]
   contract = [x for x in lhs if x in rhs and x not in out]
   free = lambda u, v: [x for x in u if x not in v]
+  if not for_cpu:
+    dims, perm = _letters_to_dims(lhs, rhs, out)
+    y = jax.lax.dot_general(a.astype(op_dtype), b.astype(op_dtype), dims,
+                            preferred_element_type=_ACCUM)
+    return y if perm is None else jnp.transpose(y, perm)
   if (batch + free(lhs, rhs) + free(rhs, lhs) != list(out)
       and batch + free(rhs, lhs) + free(lhs, rhs) == list(out)):
     # Swapped operands give the output order directly: no output transpose,
@@ -185,21 +219,23 @@ def _plain(lhs: str, rhs: str, out: str, a, b, op_dtype):
 # The custom-VJP dot
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _mixed(lhs, rhs, out, op_dtype, in_dtypes, a, b):
-  return _plain(lhs, rhs, out, a, b, op_dtype)
+# for_cpu is fixed when the forward is traced (the backward may be traced later,
+# outside target_platform), so it travels as a non-differentiable argument.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
+def _mixed(lhs, rhs, out, op_dtype, in_dtypes, for_cpu, a, b):
+  return _plain(lhs, rhs, out, a, b, op_dtype, for_cpu)
 
 
-def _mixed_fwd(lhs, rhs, out, op_dtype, in_dtypes, a, b):
+def _mixed_fwd(lhs, rhs, out, op_dtype, in_dtypes, for_cpu, a, b):
   a, b = a.astype(op_dtype), b.astype(op_dtype)  # residuals kept in the compute dtype
-  return _plain(lhs, rhs, out, a, b, op_dtype), (a, b)
+  return _plain(lhs, rhs, out, a, b, op_dtype, for_cpu), (a, b)
 
 
-def _mixed_bwd(lhs, rhs, out, op_dtype, in_dtypes, res, g):
+def _mixed_bwd(lhs, rhs, out, op_dtype, in_dtypes, for_cpu, res, g):
   a, b = res
   g = g.astype(op_dtype)  # the gradient dots are op_dtype x op_dtype -> f32 too
-  da = _plain(out, rhs, lhs, g, b, op_dtype).astype(in_dtypes[0])
-  db = _plain(lhs, out, rhs, a, g, op_dtype).astype(in_dtypes[1])
+  da = _plain(out, rhs, lhs, g, b, op_dtype, for_cpu).astype(in_dtypes[0])
+  db = _plain(lhs, out, rhs, a, g, op_dtype, for_cpu).astype(in_dtypes[1])
   return da, db
 
 
@@ -213,7 +249,8 @@ def einsum(spec: str, a, b, op_dtype=jnp.bfloat16, out_dtype=None):
   gradients have the dtypes of `a` and `b`.
   """
   lhs, rhs, out = _parse(spec)
-  y = _mixed(lhs, rhs, out, jnp.dtype(op_dtype), (jnp.dtype(a.dtype), jnp.dtype(b.dtype)), a, b)
+  y = _mixed(lhs, rhs, out, jnp.dtype(op_dtype), (jnp.dtype(a.dtype), jnp.dtype(b.dtype)),
+             cpu_layout(), a, b)
   return y if out_dtype is None else y.astype(out_dtype)
 
 
@@ -227,7 +264,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   del precision, preferred_element_type, unused
   lt, rt, ot = _dims_to_letters(lhs.ndim, rhs.ndim, dimension_numbers)
   y = _mixed(lt, rt, ot, jnp.dtype(op_dtype), (jnp.dtype(lhs.dtype), jnp.dtype(rhs.dtype)),
-             lhs, rhs)
+             cpu_layout(), lhs, rhs)
   return y if out_dtype is None else y.astype(out_dtype)
 
 

@@ -26,7 +26,7 @@ import optax
 from jax.sharding import Mesh
 
 from bert_jax.dist import sharding
-from bert_jax.model import losses, masking, bert as model_lib
+from bert_jax.model import losses, masking, precision, bert as model_lib
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.model.config import BertConfig
@@ -55,6 +55,8 @@ class TrainSteps:
     self.model = BertForPreTraining(bert_config)
     self.tx, self.schedule = optim.make_optimizer(optimizer)
     self.mesh = mesh
+    # The platform the steps are compiled for (a TPU mesh on a CPU host is TPU).
+    self.platform = mesh.devices.flat[0].platform
     self.rules = sharding.logical_rules(param_sharding)
     self.grad_accum_steps = grad_accum_steps
     self.mask_prob = masking_settings.mask_prob
@@ -93,10 +95,11 @@ class TrainSteps:
         mask_prob=self.mask_prob, is_continuation_V=self.is_continuation)
 
   def _sums(self, params, batch: Batch, masked, dropout_key, deterministic):
-    out = self.model.apply(
-        {"params": params}, masked.ids_BxL, batch.segment_ids_BxL, batch.input_mask_BxL,
-        masked.positions_BxP, deterministic=deterministic,
-        rngs=None if deterministic else {"dropout": dropout_key})
+    with precision.target_platform(self.platform):  # the mixed dots' layout
+      out = self.model.apply(
+          {"params": params}, masked.ids_BxL, batch.segment_ids_BxL, batch.input_mask_BxL,
+          masked.positions_BxP, deterministic=deterministic,
+          rngs=None if deterministic else {"dropout": dropout_key})
     return (losses.mlm_sums(out.mlm_logits_BxPxV, masked.labels_BxP, masked.weights_BxP),
             losses.nsp_sums(out.nsp_logits_Bx2, batch.next_sentence_label_B,
                             batch.example_mask_B))

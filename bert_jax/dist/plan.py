@@ -1,0 +1,485 @@
+"""Ahead-of-time plans: compile a run's steps for some devices and read what they need.
+
+`make_plan(settings, devices)` builds the steps exactly as train.py does
+(`trainer.make_steps`: same settings, mesh, shardings, dtype, remat, gradient
+accumulation, objective) and compiles every phase's train step and the eval
+step from abstract values (`jax.ShapeDtypeStruct`s carrying `NamedSharding`s),
+so nothing is allocated and the devices may be a TPU slice that this host
+only describes (`bert_jax.dist.topology`). Per device it reports the
+parameters, optimizer state and batch (from the shardings), the compiler's
+temporaries and total (`compiled.memory_analysis()`) against the device's
+memory, the FLOPs of one step (analytic, `bert_jax.model.flops`, and XLA's
+`cost_analysis()`), and the step's collectives (`bert_jax.dist.hlo`).
+
+When a train step does not fit, `search_fixes` finds the largest per-device
+batch that does and which of gradient accumulation, FSDP and remat make the
+requested batch fit, each verified by a compile.
+
+Shape legend: B global batch, L sequence length, P max predictions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax import trainer
+from bert_jax.dist import sharding
+from bert_jax.model import flops, precision
+from bert_jax.dist import hlo
+from bert_jax.errors import ConfigError
+from bert_jax.data.pretraining_data import Batch
+from bert_jax.settings import Phase, Settings
+
+GIB = 1024**3
+# Placeholder ids of [PAD], [UNK], [CLS], [SEP], [MASK]: constants of the step, not its cost.
+_SPECIAL_IDS = [0, 1, 2, 3, 4]
+_MASK_ID = 4
+
+
+@dataclasses.dataclass
+class StepPlan:
+  """One compiled step (per device unless said otherwise)."""
+  kind: str  # 'train' | 'eval'
+  phase: int
+  seq_len: int
+  max_predictions: int
+  batch: int  # global
+  per_device_batch: int
+  params_bytes: int
+  opt_state_bytes: int  # 0 for eval
+  batch_bytes: int
+  compiled: bool
+  error: str = ""  # one line, when the compiler refused (e.g. out of HBM)
+  temp_bytes: int = 0
+  argument_bytes: int = 0
+  output_bytes: int = 0
+  alias_bytes: int = 0
+  code_bytes: int = 0
+  total_bytes: int = 0  # arguments + outputs - aliased + temporaries + program
+  memory_bytes: Optional[int] = None  # the device's memory (HBM), None if unknown
+  model_flops: float = 0.0  # analytic, per device
+  xla_flops: float = 0.0  # cost_analysis, per device
+  collectives: list = dataclasses.field(default_factory=list)
+  dot_dtypes: dict = dataclasses.field(default_factory=dict)  # 'bf16 x bf16 -> f32': count
+  narrow_output_dots: list = dataclasses.field(default_factory=list)  # op names, not -> f32
+  optimization_barriers: int = 0  # opt-barrier ops left in the compiled program
+  host_transfers: list = dataclasses.field(default_factory=list)
+  compile_seconds: float = 0.0
+
+  @property
+  def name(self) -> str:
+    return f"{self.kind} phase {self.phase} (L={self.seq_len}, P={self.max_predictions})"
+
+  @property
+  def fits(self) -> bool:
+    return self.compiled and (self.memory_bytes is None or self.total_bytes <= self.memory_bytes)
+
+  @property
+  def headroom_bytes(self) -> Optional[int]:
+    return None if self.memory_bytes is None else self.memory_bytes - self.total_bytes
+
+  def to_dict(self) -> dict:
+    d = dataclasses.asdict(self)
+    d.update(name=self.name, fits=self.fits, headroom_bytes=self.headroom_bytes,
+             collectives=[c.to_dict() if hasattr(c, "to_dict") else c for c in self.collectives])
+    return d
+
+
+@dataclasses.dataclass
+class Fix:
+  """A change of the config that was compiled to see whether the train steps then fit."""
+  field: str  # '--config.train.grad_accum_steps=4'
+  fits: bool
+  total_bytes: int  # the largest total of the train steps with it
+  note: str = ""
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Plan:
+  target: str  # what was compiled for, in words
+  platform: str
+  num_devices: int
+  device_kind: str
+  memory_bytes: Optional[int]
+  memory_label: str  # 'HBM' | 'host RAM share'
+  mesh: dict
+  model: dict  # layers, hidden, vocab, params, dtype, remat, param_sharding, grad_accum
+  steps: list  # [StepPlan]
+  peak_flops: Optional[float] = None
+  max_per_device_batch: Optional[int] = None  # when a train step does not fit
+  fixes: list = dataclasses.field(default_factory=list)  # [Fix]
+  versions: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def fits(self) -> bool:
+    return all(s.fits for s in self.steps)
+
+  def to_dict(self) -> dict:
+    d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("steps", "fixes")}
+    d.update(fits=self.fits, steps=[s.to_dict() for s in self.steps],
+             fixes=[f.to_dict() for f in self.fixes])
+    return d
+
+
+# ----------------------------------------------------------------------------
+# Building and compiling the steps
+
+
+def for_platform(s: Settings, platform: str) -> Settings:
+  """`s` with config.model.dtype 'auto' resolved for the devices compiled for, not this host."""
+  if s.requested_dtype != "auto":
+    return s
+  return dataclasses.replace(s, model=dataclasses.replace(
+      s.model, dtype=precision.resolve_dtype("auto", platform)))
+
+
+def planned_vocab_size(s: Settings) -> int:
+  """The vocabulary the run will have: data.vocab_file's lines, else data.vocab_size (an upper
+  bound: a trained vocabulary has at most that many tokens)."""
+  if s.data.vocab_file:
+    with open(s.data.vocab_file, encoding="utf-8") as f:
+      return sum(1 for line in f if line.rstrip("\n"))
+  return s.data.vocab_size
+
+
+def _per_device_bytes(tree: Any) -> int:
+  """Bytes on the most loaded device of a tree of sharded ShapeDtypeStructs."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    total += int(np.prod(shape, dtype=np.int64)) * jnp.dtype(leaf.dtype).itemsize
+  return total
+
+
+def abstract_batch(mesh, batch_size: int, seq_len: int) -> Batch:
+  """A global batch of B x L as ShapeDtypeStructs split over the data axis."""
+  bs = sharding.batch_sharding(mesh)
+  sd = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=bs)
+  BxL = (batch_size, seq_len)
+  return Batch(sd(BxL, jnp.int32), sd(BxL, jnp.int32), sd(BxL, jnp.int32),
+               sd((batch_size,), jnp.int32), sd((batch_size,), jnp.float32))
+
+
+def _one_line(e: BaseException) -> str:
+  text = " ".join(str(e).split())
+  m = re.search(r"(RESOURCE_EXHAUSTED:.*?)(?: \(|$|; )", text)
+  return (m.group(1) if m else text)[:400]
+
+
+def _required_bytes(error: str) -> int:
+  """What an out-of-memory compile error says the step needs (0 if it does not say)."""
+  units = {"K": 1024, "M": 1024**2, "G": GIB, "T": 1024**4}
+  for pattern in (r"Used ([\d.]+)([KMGT]) of", r"required for HLO temporaries \(([\d.]+)([KMGT])\)",
+                  r"total memory required[^(]*\(([\d.]+)([KMGT])\)"):
+    m = re.search(pattern, error)
+    if m:
+      return int(float(m.group(1)) * units[m.group(2)])
+  return 0
+
+
+def _cost(compiled) -> dict:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return cost or {}
+
+
+class Planner:
+  """Compiles the steps of one settings on one set of devices."""
+
+  def __init__(self, s: Settings, devices: list, vocab_size: int,
+               memory_bytes: Optional[int] = None, log: Callable[[str], None] = lambda _: None):
+    self.devices = list(devices)
+    self.platform = self.devices[0].platform
+    self.s = for_platform(s, self.platform)
+    self.vocab_size = vocab_size
+    self.memory_bytes = memory_bytes
+    self.log = log
+    self.mesh = sharding.make_mesh(self.s.mesh.model_parallel, self.devices)
+    self.steps = trainer.make_steps(
+        self.s, vocab_size, _SPECIAL_IDS, _MASK_ID,
+        np.zeros(vocab_size, bool) if self.s.masking.whole_word else None, mesh=self.mesh)
+
+  def check_batch(self, batch_size: int) -> None:
+    sharding.check_batch(batch_size, self.mesh, self.s.train.grad_accum_steps)
+
+  def _flops(self, kind: str, B: int, ph: Phase) -> float:
+    c = self.steps.bert_config
+    f = flops.model_flops(c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
+                          "train", B, ph.seq_len, ph.max_predictions)
+    return (f if kind == "train" else f / 3.0) / len(self.devices)  # eval: the forward only
+
+  def compile_step(self, kind: str, ph: Phase, batch_size: Optional[int] = None) -> StepPlan:
+    B = self.s.train.batch_size if batch_size is None else batch_size
+    st, mesh = self.steps, self.mesh
+    batch = abstract_batch(mesh, B, ph.seq_len)
+    data = mesh.shape[sharding.DATA]
+    plan = StepPlan(kind, ph.index, ph.seq_len, ph.max_predictions, B, B // data,
+                    _per_device_bytes(st.abstract_params),
+                    _per_device_bytes(st.abstract_opt_state) if kind == "train" else 0,
+                    _per_device_bytes(batch), compiled=False, memory_bytes=self.memory_bytes,
+                    model_flops=self._flops(kind, B, ph))
+    rep = sharding.replicated(mesh)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
+    t = time.perf_counter()
+    try:
+      if kind == "train":
+        lowered = st.train_step_fn(ph.max_predictions).lower(
+            st.abstract_params, st.abstract_opt_state, scalar, batch)
+      else:
+        lowered = st.eval_step_fn(ph.max_predictions).lower(st.abstract_params, scalar, batch)
+      compiled = lowered.compile()
+    except Exception as e:  # XlaRuntimeError: RESOURCE_EXHAUSTED and the like
+      plan.compile_seconds = time.perf_counter() - t
+      plan.error = _one_line(e)
+      plan.total_bytes = _required_bytes(plan.error)
+      self.log(f"  {plan.name}, B={B}: does not compile ({plan.compile_seconds:.0f} s): "
+               f"{plan.error[:160]}")
+      return plan
+    plan.compile_seconds = time.perf_counter() - t
+    plan.compiled = True
+    mem = compiled.memory_analysis()
+    if mem is not None:
+      plan.temp_bytes = int(mem.temp_size_in_bytes)
+      plan.argument_bytes = int(mem.argument_size_in_bytes)
+      plan.output_bytes = int(mem.output_size_in_bytes)
+      plan.alias_bytes = int(mem.alias_size_in_bytes)
+      plan.code_bytes = int(mem.generated_code_size_in_bytes)
+      plan.total_bytes = (plan.argument_bytes + plan.output_bytes - plan.alias_bytes
+                          + plan.temp_bytes + plan.code_bytes)
+    plan.xla_flops = float(_cost(compiled).get("flops", 0.0))
+    module = hlo.parse(compiled.as_text())
+    plan.collectives = hlo.collectives(module)
+    for lhs, rhs, out, where in hlo.dots(module):
+      key = f"{lhs} x {rhs} -> {out}"
+      plan.dot_dtypes[key] = plan.dot_dtypes.get(key, 0) + 1
+      if out not in ("f32", "f64"):
+        plan.narrow_output_dots.append(where)
+    plan.optimization_barriers = hlo.opcode_counts(module, ("opt-barrier",))["opt-barrier"]
+    plan.host_transfers = hlo.host_transfers(module)
+    self.log(f"  {plan.name}, B={B}: {plan.total_bytes / GIB:.2f} GiB per device "
+             f"({plan.compile_seconds:.0f} s)")
+    return plan
+
+  def model_summary(self) -> dict:
+    c = self.steps.bert_config
+    n = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(self.steps.abstract_params))
+    return {"layers": c.num_layers, "hidden_size": c.hidden_size, "heads": c.num_heads,
+            "intermediate_size": c.intermediate_size, "vocab_size": c.vocab_size,
+            "padded_vocab_size": c.padded_vocab_size, "params": n, "dtype": c.dtype,
+            "remat": c.remat, "dropout_rng": c.dropout_rng,
+            "param_sharding": self.s.mesh.param_sharding,
+            "grad_accum_steps": self.s.train.grad_accum_steps,
+            "batch_size": self.s.train.batch_size, "objective": self.s.objective}
+
+
+def make_plan(s: Settings, devices: list, target: str, memory_bytes: Optional[int],
+              memory_label: str = "HBM", vocab_size: Optional[int] = None,
+              include_eval: bool = True, search: bool = True, max_search_compiles: int = 12,
+              log: Callable[[str], None] = lambda _: None) -> Plan:
+  """Compiles every phase's train step (and eval step) of `s` for `devices`; see the module doc."""
+  vocab = planned_vocab_size(s) if vocab_size is None else vocab_size
+  p = Planner(s, devices, vocab, memory_bytes, log)
+  p.check_batch(p.s.train.batch_size)
+  d0 = p.devices[0]
+  plan = Plan(target=target, platform=p.platform, num_devices=len(p.devices),
+              device_kind=d0.device_kind, memory_bytes=memory_bytes, memory_label=memory_label,
+              mesh={k: int(v) for k, v in p.mesh.shape.items()}, model=p.model_summary(),
+              steps=[], peak_flops=flops.peak_flops(d0.device_kind), versions=versions())
+  for ph in p.s.train.phases:
+    plan.steps.append(p.compile_step("train", ph))
+  if include_eval:
+    for ph in p.s.train.phases:
+      plan.steps.append(p.compile_step("eval", ph))
+  failing = [st for st in plan.steps if st.kind == "train" and not st.fits]
+  if failing and search:
+    search_fixes(p, plan, failing, max_search_compiles)
+  return plan
+
+
+def _phase(p: Planner, index: int) -> Phase:
+  return next(ph for ph in p.s.train.phases if ph.index == index)
+
+
+def search_fixes(p: Planner, plan: Plan, failing: list, max_compiles: int = 12) -> None:
+  """Fills plan.max_per_device_batch and plan.fixes for the train steps that do not fit."""
+  worst = max(failing, key=lambda st: (st.seq_len, st.total_bytes))
+  ph = _phase(p, worst.phase)
+  data = p.mesh.shape[sharding.DATA]
+  accum = p.s.train.grad_accum_steps
+  budget = [max_compiles]
+
+  def fits_at(per_device: int) -> bool:
+    budget[0] -= 1
+    return p.compile_step("train", ph, per_device * data).fits
+
+  # The largest per-device batch (a multiple of the accumulation steps) that fits, by bisection.
+  p.log(f"searching the largest per-device batch that fits {worst.name} ...")
+  lo, hi = 0, worst.per_device_batch // accum  # in units of `accum` rows per device
+  while hi - lo > 1 and budget[0] > 0:
+    mid = (lo + hi) // 2
+    if fits_at(mid * accum):
+      lo = mid
+    else:
+      hi = mid
+  plan.max_per_device_batch = lo * accum if hi - lo <= 1 else None
+
+  # Which single change makes the requested batch fit (each verified by compiling every
+  # train step that did not fit).
+  def try_fix(field: str, value: Any, note: str = "") -> None:
+    s2 = _override(p.s, field, value)
+    try:
+      p2 = Planner(s2, p.devices, p.vocab_size, p.memory_bytes, p.log)
+      p2.check_batch(s2.train.batch_size)
+    except ConfigError as e:
+      plan.fixes.append(Fix(f"--config.{field}={value}", False, 0, str(e)))
+      return
+    p.log(f"trying --config.{field}={value} ...")
+    steps = [p2.compile_step("train", _phase(p2, st.phase)) for st in failing]
+    plan.fixes.append(Fix(f"--config.{field}={value}", all(st.fits for st in steps),
+                          max(st.total_bytes for st in steps), note))
+
+  if p.s.mesh.param_sharding != "fsdp":
+    try_fix("mesh.param_sharding", "fsdp")
+  if not p.s.model.remat:
+    try_fix("model.remat", True)
+  per_device = worst.per_device_batch
+  if plan.max_per_device_batch:
+    # Micro-batches no larger than the largest batch that fits; the steps must divide evenly.
+    want = -(-per_device // plan.max_per_device_batch)
+    options = [a for a in range(want, per_device + 1) if per_device % a == 0]
+    if options:
+      try_fix("train.grad_accum_steps", options[0],
+              f"micro-batches of {per_device // options[0]} per device")
+
+
+def _override(s: Settings, field: str, value: Any) -> Settings:
+  section, name = field.split(".")
+  if section == "mesh":
+    return dataclasses.replace(s, mesh=dataclasses.replace(s.mesh, **{name: value}))
+  if section == "model":
+    return dataclasses.replace(s, model=dataclasses.replace(s.model, **{name: value}))
+  if section == "train":
+    return dataclasses.replace(s, train=dataclasses.replace(s.train, **{name: value}))
+  raise ValueError(field)
+
+
+def versions() -> dict:
+  from bert_jax.dist import topology
+  import jaxlib
+  out = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+  tpu = topology.installed_libtpu()
+  if tpu:
+    out["libtpu"] = tpu
+  return out
+
+
+# ----------------------------------------------------------------------------
+# The report
+
+
+def _gib(n: Optional[float]) -> str:
+  return "-" if n is None else f"{n / GIB:.2f}"
+
+
+def _flop(n: float) -> str:
+  for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+    if n >= scale:
+      return f"{n / scale:.3g} {unit}FLOP"
+  return f"{n:.3g} FLOP"
+
+
+def _bytes(n: float) -> str:
+  for unit, scale in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+    if n >= scale:
+      return f"{n / scale:.3g} {unit}"
+  return f"{int(n)} B"
+
+
+def _seconds(t: float) -> str:
+  return f"{t * 1e3:.3g} ms" if t >= 1e-3 else f"{t * 1e6:.3g} us"
+
+
+def describe_collectives(collectives: list) -> str:
+  if not collectives:
+    return "none"
+  return ", ".join(f"{c.kind} x{c.count} ({_bytes(c.bytes)})" for c in collectives)
+
+
+def format_plan(plan: Plan) -> str:
+  """The plan as the CLI prints it."""
+  m = plan.model
+  lines = [f"target: {plan.target}",
+           f"model: {m['layers']} layers, hidden {m['hidden_size']}, vocab {m['vocab_size']} "
+           f"(padded {m['padded_vocab_size']}) -> {m['params'] / 1e6:.1f}M params; "
+           f"{m['dtype']}{' mixed' if m['dtype'] != 'float32' else ''}, remat "
+           f"{'on' if m['remat'] else 'off'}, dropout {m['dropout_rng']}; batch "
+           f"{m['batch_size']}, grad accum {m['grad_accum_steps']}; mesh {plan.mesh}, params "
+           f"{m['param_sharding']}",
+           "",
+           f"per device (GiB)                  params  opt    batch  temp    total   "
+           f"{plan.memory_label:<7} fits  headroom  compile"]
+  for st in plan.steps:
+    lines.append(
+        f"{st.name + f' B={st.batch}':<33} {_gib(st.params_bytes):>6} {_gib(st.opt_state_bytes):>6} "
+        f"{_gib(st.batch_bytes):>6} {(_gib(st.temp_bytes) if st.compiled else '?'):>6} "
+        f"{(_gib(st.total_bytes) if st.total_bytes else '?'):>7} {_gib(st.memory_bytes):>7} "
+        f"{'yes' if st.fits else 'NO':<5} {_gib(st.headroom_bytes) if st.total_bytes else '-':>8} "
+        f"{st.compile_seconds:6.0f} s")
+  lines.append("")
+  for st in plan.steps:
+    if not st.compiled:
+      lines.append(f"{st.name}: not compiled: {st.error}")
+      continue
+    peak = (f"; at {plan.device_kind}'s peak {plan.peak_flops / 1e12:g} TFLOP/s >= "
+            f"{_seconds(max(st.model_flops, st.xla_flops) / plan.peak_flops)}"
+            if plan.peak_flops else "")
+    lines.append(f"{st.name}: FLOPs per device-step: model {_flop(st.model_flops)}, XLA "
+                 f"{_flop(st.xla_flops)}{peak}; collectives: "
+                 f"{describe_collectives(st.collectives)}"
+                 + (f"; HOST TRANSFERS: {', '.join(st.host_transfers)}" if st.host_transfers
+                    else ""))
+  lines.append("")
+  if plan.fits:
+    lines.append(f"fits: every step fits {plan.memory_label} with at least "
+                 f"{_gib(min(st.headroom_bytes for st in plan.steps) if plan.memory_bytes else None)}"
+                 f" GiB to spare per device" if plan.memory_bytes else
+                 "fits: every step compiles (no device memory limit known)")
+  else:
+    bad = [st.name for st in plan.steps if not st.fits]
+    lines.append(f"does NOT fit: {', '.join(bad)}")
+    if plan.max_per_device_batch is not None:
+      data = plan.mesh.get(sharding.DATA, 1)
+      lines.append(f"  largest per-device batch that fits: {plan.max_per_device_batch} "
+                   f"(--config.train.batch_size={plan.max_per_device_batch * data})"
+                   if plan.max_per_device_batch else
+                   "  not even a per-device batch of 1 fits")
+    for f in plan.fixes:
+      lines.append(f"  {f.field}: {'fits' if f.fits else 'does not fit'}"
+                   + (f" ({_gib(f.total_bytes)} GiB per device)" if f.total_bytes else "")
+                   + (f"; {f.note}" if f.note else ""))
+  return "\n".join(lines)
+
+
+def local_memory_bytes(devices: list) -> tuple[Optional[int], str]:
+  """(memory per device, its name) for local devices: HBM, or the host RAM share of CPUs."""
+  from bert_jax.dist import topology
+  d = devices[0]
+  if d.platform == "cpu":
+    try:
+      ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+      return None, "RAM"
+    return ram // len(devices), "RAM/dev"
+  return topology.hbm_bytes(d), "HBM"

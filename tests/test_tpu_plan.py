@@ -1,0 +1,379 @@
+"""TPU planning without a TPU: slice names, the HLO reader, the planner, and compiled TPU steps.
+
+The tests of the compiled TPU program need libtpu (pip install -r
+requirements-tpu.txt) and are skipped without it; the rest run anywhere.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import settings as settings_lib
+from bert_jax.model import precision
+from bert_jax.dist import hlo, plan as plan_lib, topology
+from bert_jax.errors import TopologyError
+
+import configs.tiny as tiny
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAVE_LIBTPU = topology.installed_libtpu() is not None
+needs_libtpu = pytest.mark.skipif(
+    not HAVE_LIBTPU, reason="libtpu is not installed (pip install -r requirements-tpu.txt)")
+
+
+def tiny_settings(**overrides):
+  """The tiny config, shrunk further so a step compiles in seconds; mixed bf16 as on a TPU."""
+  c = tiny.get_config()
+  c.model.hidden_size, c.model.num_layers, c.model.num_heads = 32, 1, 2
+  c.model.intermediate_size, c.model.dtype = 64, "bfloat16"
+  c.data.vocab_size, c.train.batch_size = 512, 16
+  for key, value in overrides.items():
+    node = c
+    *path, last = key.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = value
+  return settings_lib.from_config(c)
+
+
+# ----------------------------------------------------------------------------
+# Slice names -> topologies (no libtpu needed)
+
+
+@pytest.mark.parametrize("name, libtpu_name, devices, hbm_gib, hosts, megacore", [
+    ("v4-8", "v4:2x2x1", 4, 32, 1, True),  # 4 chips = 8 TensorCores, one device per chip
+    ("v4-16", "v4:2x2x2", 8, 32, 2, True),
+    ("v4-32", "v4:2x2x4", 16, 32, 4, True),
+    ("v4-128", "v4:4x4x4", 64, 32, 16, True),
+    ("v5p-8", "v5:2x2x1", 4, 95, 1, True),
+    ("v5e-8", "v5e:2x4", 8, 16, 1, False),
+    ("v5litepod-8", "v5e:2x4", 8, 16, 1, False),
+    ("v5e-16", "v5e:4x4", 16, 16, 4, False),
+    ("v5litepod-256", "v5e:16x16", 256, 16, 64, False),
+    ("v6e-8", "v6e:2x4", 8, 32, 1, False),
+    ("v3-8", "v3:2x2", 8, 16, 1, False),  # v3 shows each of a chip's two cores as a device
+    ("V4:2x2x1", "v4:2x2x1", 4, 32, 1, True),  # libtpu's own form, in chips
+])
+def test_slice_names_map_to_the_devices_a_job_gets(name, libtpu_name, devices, hbm_gib, hosts,
+                                                   megacore):
+  t = topology.parse(name)
+  assert t.libtpu_name == libtpu_name
+  assert t.num_devices == devices
+  assert t.hbm_bytes_per_device == hbm_gib * topology.GIB
+  assert t.num_hosts == hosts
+  kw = t.topology_kwargs()
+  assert kw["chip_config_name"] == ("megacore" if megacore else "default")
+  assert name in t.describe() and f"{devices} devices" in t.describe()
+
+
+def test_large_slices_wrap_around():
+  assert topology.parse("v4-128").topology_kwargs()["wrap"] == (True, True, True)
+  assert topology.parse("v4-64").topology_kwargs()["wrap"] == (False, False, False)
+  assert topology.parse("v5e-256").topology_kwargs()["wrap"] == (True, True, False)
+
+
+@pytest.mark.parametrize("name, says", [
+    ("v9-8", "unknown TPU slice"), ("tpu", "unknown TPU slice"), ("v4-6", "v4-8, v4-16"),
+    ("v4-4", "v4-8, v4-16"), ("v5e-2", "v5e-1, v5e-4"), ("v5e:2x2x1", "2-D grid"),
+    ("v4:2x2", "3-D grid"),
+])
+def test_unknown_slices_fail_in_one_line(name, says):
+  with pytest.raises(TopologyError) as e:
+    topology.parse(name)
+  text = str(e.value)
+  assert "\n" not in text and repr(name) in text and says in text and "expected" in text
+
+
+def test_libtpu_missing_or_mismatched_says_which_to_install():
+  kw = dict(required="libtpu==0.0.42.*", jax_version="0.10.2", library_path="")
+  with pytest.raises(TopologyError, match=r"libtpu, which is not installed; expected "
+                     r"libtpu==0\.0\.42\.\* \(the version jax 0\.10\.2 pins\): pip install "
+                     r"'libtpu==0\.0\.42\.\*'"):
+    topology.check_libtpu("v4-8", installed="", **kw)
+  with pytest.raises(TopologyError, match=r"libtpu 0\.0\.40 does not match jax 0\.10\.2; "
+                     r"expected libtpu==0\.0\.42\.\*: pip install 'libtpu==0\.0\.42\.\*'"):
+    topology.check_libtpu("v4-8", installed="0.0.40", **kw)
+  topology.check_libtpu("v4-8", installed="0.0.42.1", **kw)  # the pinned one passes
+  assert not topology.version_matches("0.0.420", "libtpu==0.0.42.*")
+
+
+def test_required_libtpu_is_the_pin_of_the_installed_jax():
+  import importlib.metadata
+  pins = [r for r in importlib.metadata.requires("jax") if r.startswith("libtpu")]
+  assert pins and topology.required_libtpu() == pins[0].split(";")[0].replace(" ", "")
+  with open(os.path.join(ROOT, "requirements-tpu.txt")) as f:  # what CI installs is what jax pins
+    pinned = [line.split("#")[0].strip() for line in f if line.startswith("libtpu")]
+  assert pinned and topology.version_matches(pinned[0].split("==")[1],
+                                             topology.required_libtpu())
+
+
+def test_planner_without_libtpu_fails_in_one_line(monkeypatch):
+  monkeypatch.setattr(topology, "installed_libtpu", lambda: None)
+  monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+  with pytest.raises(TopologyError, match="not installed; expected libtpu"):
+    topology.devices(topology.parse("v4-8"))
+
+
+def test_cli_unknown_topology_is_one_error_line(tmp_path):
+  out = tmp_path / "plan.json"
+  r = subprocess.run([sys.executable, "-m", "bert_jax.plan", "--config", "configs/tiny.py",
+                      "--topology", "v9-8", "--json", str(out)],
+                     capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert r.returncode == 2, r.stderr
+  lines = r.stderr.strip().splitlines()
+  assert lines[-1].startswith("error: --topology 'v9-8': unknown TPU slice; expected"), r.stderr
+  assert not out.exists()
+
+
+# ----------------------------------------------------------------------------
+# The HLO reader
+
+
+_HLO = """HloModule m, entry_computation_layout={()->f32[]}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%cond (p: (s32[], f32[8,4])) -> pred[] {
+  %p = (s32[], f32[8,4]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p.1: (s32[], f32[8,4])) -> (s32[], f32[8,4]) {
+  %p.1 = (s32[], f32[8,4]{1,0}) parameter(0)
+  %x = f32[8,4]{1,0:T(8,128)} get-tuple-element(%p.1), index=1
+  %ag = f32[64,4]{1,0:T(8,128)} all-gather(%x), dimensions={0}, replica_groups={{0,1,2,3,4,5,6,7}}
+  %i.1 = s32[] get-tuple-element(%p.1), index=0
+  ROOT %t = (s32[], f32[8,4]{1,0}) tuple(%i.1, %x)
+}
+
+%all-reduce-scatter.1 (input.1: f32[64,4]) -> f32[8,4] {
+  %input.1 = f32[64,4]{1,0} parameter(0)
+  %ar = f32[64,4]{1,0} all-reduce(%input.1), to_apply=%add
+  ROOT %ds = f32[8,4]{1,0} dynamic-slice(%ar), dynamic_slice_sizes={8,4}
+}
+
+ENTRY %main (g: f32[64,4], w: bf16[4,4], v: bf16[64,4]) -> f32[] {
+  %g = f32[64,4]{1,0} parameter(0)
+  %w = bf16[4,4]{1,0} parameter(1)
+  %v = bf16[64,4]{1,0} parameter(2)
+  %rs = f32[8,4]{1,0} fusion(%g), kind=kCustom, calls=%all-reduce-scatter.1
+  %z = s32[] constant(0)
+  %init = (s32[], f32[8,4]{1,0}) tuple(%z, %rs)
+  %loop = (s32[], f32[8,4]{1,0}) while(%init), condition=%cond, body=%body
+  %ars = ((f32[64,4]), f32[64,4]{1,0}) all-reduce-start(%g), to_apply=%add
+  %ard = f32[64,4]{1,0} all-reduce-done(%ars)
+  %d = f32[64,4]{1,0} dot(%v, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(f)/dot_general"}
+  %cb = () custom-call(%d), custom_call_target="xla_ffi_python_cpu_callback"
+  ROOT %r = f32[] constant(0)
+}
+"""
+
+
+def test_hlo_collectives_count_loops_fusions_and_async_pairs():
+  got = {c.kind: (c.count, c.bytes) for c in hlo.collectives(_HLO)}
+  assert got == {"all-gather": (3, 3 * 64 * 4 * 4),  # in a loop of 3 iterations (i < 3)
+                 "reduce-scatter": (1, 64 * 4 * 4),  # the kCustom fusion; its all-reduce not again
+                 "all-reduce": (1, 64 * 4 * 4)}  # -start counted once, -done not
+
+
+def test_hlo_dots_and_host_callbacks():
+  assert hlo.dots(_HLO) == [("bf16", "bf16", "f32", "jit(f)/dot_general")]
+  assert hlo.host_transfers(_HLO) == ["custom-call cb (xla_ffi_python_cpu_callback)"]
+
+
+def test_host_callback_of_a_real_compiled_step_is_found():
+  def f(x):
+    y = jax.pure_callback(lambda a: np.asarray(a) * 2, jax.ShapeDtypeStruct((4,), jnp.float32), x)
+    return y + 1
+  text = jax.jit(f).lower(jnp.ones(4)).compile().as_text()
+  assert hlo.host_transfers(text)
+  assert not hlo.host_transfers(jax.jit(lambda x: x + 1).lower(jnp.ones(4)).compile().as_text())
+
+
+# ----------------------------------------------------------------------------
+# The mixed dot's layout follows the platform compiled for
+
+
+def _grads(platform):
+  a = jax.random.normal(jax.random.key(0), (8, 6, 16))
+  b = jax.random.normal(jax.random.key(1), (16, 12))
+
+  def f(a, b):
+    with precision.target_platform(platform):
+      return precision.einsum("bld,df->fbl", a, b).sum() * 1.5  # needs transposes on CPU
+
+  return jax.make_jaxpr(jax.grad(f, (0, 1)))(a, b), jax.grad(f, (0, 1))(a, b)
+
+
+def test_mixed_dot_is_plain_for_tpu_and_gpu_and_laid_out_for_cpu():
+  jaxpr_tpu, grads_tpu = _grads("tpu")
+  jaxpr_cpu, grads_cpu = _grads("cpu")
+  names = lambda j: {e.primitive.name for e in precision.iter_eqns(j)}
+  assert "optimization_barrier" not in names(jaxpr_tpu)
+  assert "optimization_barrier" in names(jaxpr_cpu)
+  for j in (jaxpr_tpu, jaxpr_cpu):  # forward and both gradient dots: bf16 x bf16 -> f32
+    assert precision.dot_dtypes(j) == [("bfloat16", "bfloat16", "float32")] * 3
+  for t, c in zip(grads_tpu, grads_cpu):  # same maths, only the layout differs
+    np.testing.assert_allclose(np.asarray(t), np.asarray(c), rtol=1e-5, atol=1e-5)
+
+
+def test_train_steps_take_the_platform_of_their_mesh():
+  from bert_jax import trainer
+  s = tiny_settings()
+  steps = trainer.make_steps(s, 512, [0, 1, 2, 3, 4], 4)
+  assert steps.platform == "cpu"
+
+
+# ----------------------------------------------------------------------------
+# The planner on this machine's devices (8 simulated CPUs)
+
+
+@pytest.mark.slow
+def test_local_plan_on_cpu_devices_replicated_and_fsdp(tmp_path):
+  devices = jax.devices()
+  assert len(devices) == 8
+  plans = {}
+  for mode in ("replicated", "fsdp"):
+    s = tiny_settings(**{"mesh.param_sharding": mode})
+    plans[mode] = plan_lib.make_plan(s, devices, "8 cpus", 1 << 40, "RAM/dev", search=False)
+  rep, fsdp = plans["replicated"], plans["fsdp"]
+  for p in (rep, fsdp):
+    assert p.fits and [st.kind for st in p.steps] == ["train", "eval"]
+    train = p.steps[0]
+    assert train.compiled and train.temp_bytes > 0 and train.xla_flops > 0
+    # arguments = parameters + optimizer state + batch (+ the step counter)
+    assert abs(train.argument_bytes - (train.params_bytes + train.opt_state_bytes
+                                       + train.batch_bytes)) <= 64
+    assert train.model_flops > 0 and train.host_transfers == []
+  floats = lambda st: {c.kind: c.float_bytes for c in st.collectives}
+  # replicated: gradients all-reduced, no parameter gathered (XLA CPU gathers a few int32
+  # masking indices for top_k, which is not parameter traffic)
+  assert floats(rep.steps[0])["all-reduce"] > 0 and not floats(rep.steps[0]).get("all-gather")
+  assert floats(fsdp.steps[0])["all-gather"] > 0
+  assert fsdp.steps[0].params_bytes * 4 < rep.steps[0].params_bytes
+  text = plan_lib.format_plan(rep)
+  assert "train phase 0" in text and "fits" in text and "all-reduce" in text
+  json.dumps(rep.to_dict())  # serialisable as --json writes it
+
+
+def test_search_finds_the_batch_and_the_fixes_that_fit(monkeypatch):
+  """With a memory limit between the sizes, the search reports the largest batch that fits."""
+  s = tiny_settings(**{"train.batch_size": 64})
+  devices = jax.devices()
+  p = plan_lib.Planner(s, devices, 512)
+  real = p.compile_step
+
+  def fake(kind, ph, batch_size=None):  # memory grows with the batch: 100 MiB + 1 MiB per row
+    st = plan_lib.StepPlan(kind, ph.index, ph.seq_len, ph.max_predictions,
+                           batch_size or s.train.batch_size, (batch_size or 64) // 8, 0, 0, 0,
+                           compiled=True, memory_bytes=p.memory_bytes)
+    st.total_bytes = (100 + (batch_size or 64) // 8) << 20
+    return st
+
+  monkeypatch.setattr(plan_lib.Planner, "compile_step", lambda self, *a, **k: fake(*a, **k))
+  p.memory_bytes = (100 + 5) << 20  # 5 rows per device fit, 8 do not
+  plan = plan_lib.Plan("t", "cpu", 8, "cpu", p.memory_bytes, "RAM", {"data": 8}, {}, [])
+  failing = [fake("train", s.train.phases[0])]
+  failing[0].memory_bytes = p.memory_bytes
+  assert not failing[0].fits
+  plan_lib.search_fixes(p, plan, failing)
+  assert plan.max_per_device_batch == 5
+  fixes = {f.field: f for f in plan.fixes}
+  assert fixes["--config.train.grad_accum_steps=2"].note == "micro-batches of 4 per device"
+  assert set(fixes) >= {"--config.mesh.param_sharding=fsdp", "--config.model.remat=True"}
+  del real
+
+
+# ----------------------------------------------------------------------------
+# Compiled for TPU slices of 8 devices (libtpu, no TPU)
+
+
+@pytest.fixture(scope="module", params=[("v4-16", "replicated"), ("v4-16", "fsdp"),
+                                        ("v5e-8", "replicated"), ("v5e-8", "fsdp")],
+                ids=lambda p: "-".join(p))
+def tpu_plan(request):
+  if not HAVE_LIBTPU:
+    pytest.skip("libtpu is not installed (pip install -r requirements-tpu.txt)")
+  name, mode = request.param
+  t = topology.parse(name)
+  devices = topology.devices(t)
+  s = tiny_settings(**{"mesh.param_sharding": mode})
+  return name, mode, plan_lib.make_plan(s, devices, t.describe(), t.hbm_bytes_per_device,
+                                        search=False)
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_tiny_steps_compile_for_tpu_within_bounds(tpu_plan):
+  name, mode, plan = tpu_plan
+  assert plan.platform == "tpu" and plan.num_devices == 8 and plan.mesh["data"] == 8
+  for st in plan.steps:
+    assert st.compiled, st.error
+    assert st.fits and st.xla_flops > 0
+    # Arguments are the state and the batch; a tiny step's whole footprint, compiled program
+    # included, stays far below a chip.
+    assert st.argument_bytes >= st.params_bytes + st.opt_state_bytes + st.batch_bytes
+    assert st.total_bytes < 256 << 20, st.total_bytes
+    assert st.host_transfers == [], st.host_transfers
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_tpu_collectives_are_those_of_the_param_sharding(tpu_plan):
+  name, mode, plan = tpu_plan
+  train = plan.steps[0]
+  kinds = {c.kind: c for c in train.collectives}
+  floats = {k: c.float_bytes for k, c in kinds.items()}
+  if mode == "replicated":  # the gradient all-reduce (XLA combines the tensors), no gathers
+    assert set(kinds) <= {"all-reduce", "all-gather"} and not floats.get("all-gather"), kinds
+    # the gradients cross the wire once: at least the parameters in bf16
+    assert floats["all-reduce"] >= train.params_bytes // 2
+  else:  # parameters gathered for use, gradients reduced back to their shards
+    assert floats.get("all-gather"), kinds
+    if name.startswith("v5e"):  # as reduce-scatters (XLA TPU's all-reduce-scatter fusions)
+      assert floats.get("reduce-scatter"), kinds
+    else:  # v4 megacore: XLA all-reduces these small gradients and keeps its slice
+      assert floats.get("reduce-scatter") or floats.get("all-reduce"), kinds
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_fsdp_shrinks_the_state_per_device_by_the_data_axis():
+  s_rep, s_fsdp = tiny_settings(), tiny_settings(**{"mesh.param_sharding": "fsdp"})
+  devices = topology.devices(topology.parse("v5e-8"))
+  rep, fsdp = plan_lib.Planner(s_rep, devices, 512), plan_lib.Planner(s_fsdp, devices, 512)
+  state = lambda p: (plan_lib._per_device_bytes(p.steps.abstract_params)
+                     + plan_lib._per_device_bytes(p.steps.abstract_opt_state))
+  # Every tensor with a hidden ('embed') axis is split 8 ways; the few others (vocab and
+  # feed-forward biases) stay whole, so the shrink is close to, not exactly, 8.
+  assert 6 * state(fsdp) < state(rep) <= 8 * state(fsdp)
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_every_tpu_matmul_is_bf16_operands_f32_accumulation(tpu_plan):
+  name, mode, plan = tpu_plan
+  for st in plan.steps:
+    assert st.dot_dtypes, "no matmul found in the compiled HLO"
+    for key in st.dot_dtypes:
+      lhs, _, rhs, _, out = key.split()
+      assert (lhs, rhs) == ("bf16", "bf16"), (st.name, st.dot_dtypes)
+    # XLA writes a gradient dot whose result the program rounds to bf16 (the gradient of a
+    # bf16 activation) as a bf16-output convolution; the MXU still accumulates in f32.
+    # Every other dot returns f32.
+    assert all("transpose(" in where for where in st.narrow_output_dots), st.narrow_output_dots
+    # The CPU layout workaround (transposes behind optimization barriers) is not in a TPU
+    # program (remat is off here, so no barrier is expected at all).
+    assert st.optimization_barriers == 0
