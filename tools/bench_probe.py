@@ -43,14 +43,16 @@ def main() -> None:
     np.savez(cache, **arrays)
   d = np.load(cache)
   eval_X = {s: d[f"eval_X_{s}"] for s in task.eval_splits}
-  print(f"train {d['train_X'].shape}, eval {', '.join(f'{s} {x.shape}' for s, x in eval_X.items())}")
+  shapes = ", ".join(f"{s} {x.shape}" for s, x in eval_X.items())
+  print(f"train {d['train_X'].shape}, eval {shapes}")
   for r in range(args.repeats):
     t, cpu = time.perf_counter(), time.process_time()
     fit = logreg.fit_probe(d["train_X"], d["train_y"], eval_X, num_classes=task.num_classes)
     dt, dcpu = time.perf_counter() - t, time.process_time() - cpu
     acc = {s: float(np.mean(fit.predictions[s] == d[f"eval_y_{s}"])) for s in eval_X}
-    print(f"call {r}: {dt:.2f} s wall, {dcpu:.2f} s cpu  C={fit.penalty:g}  holdout={fit.holdout_scores}  eval={acc}  "
-          f"iterations={fit.model.iterations} grad_max={fit.model.grad_max:.2e}")
+    print(f"call {r}: {dt:.2f} s wall, {dcpu:.2f} s cpu  C={fit.penalty:g}  "
+          f"holdout={fit.holdout_scores}  eval={acc}  iterations={fit.model.iterations} "
+          f"grad_max={fit.model.grad_max:.2e}")
 
 
 if __name__ == "__main__":

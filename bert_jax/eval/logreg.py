@@ -6,15 +6,21 @@ multinomial, intercept not penalised), divided by the number of examples N:
   mean_i CE(softmax(x_i W + b), y_i) + ||W||^2 / (2 C N)
 
 so C means what it means in scikit-learn (it multiplies the summed loss).
-Full batch, optax.lbfgs with its zoom line search, in one jitted
-lax.while_loop that stops when the largest absolute gradient entry is below
-`tol` (scikit-learn's convergence test) or after `max_iter` steps. A grid of C
-values is fitted at once (vmapped: one compiled program per data shape).
+Full batch, float32, in one jitted lax.while_loop per penalty that stops when
+the largest absolute gradient entry is below `tol` (scikit-learn's convergence
+test; TOL = 1e-5, checked on the final iterate and reported as `grad_max`) or
+after `max_iter` steps. Up to NEWTON_MAX_PARAMS parameters ((D+1)*K) the steps
+are Newton's (exact Hessian, Cholesky, Levenberg-Marquardt damping, Armijo
+backtracking): a handful of iterations per penalty even on separable data.
+Larger problems use optax.lbfgs. A grid of C values is fitted from the
+strongest penalty to the weakest, each fit starting from the previous one.
 
 `fit_probe` standardises features (train statistics), picks C from a grid on
 a seeded 20% held-out part of train, refits on all of train and predicts the
-eval sets. `fit_ridge_probe` does the same for regression targets with
-closed-form ridge regression (numpy float64), its penalty picked the same way.
+eval sets; the held-out rows stay in the first fit with weight 0, so both fits
+run the same compiled program. `fit_ridge_probe` does the same for regression
+targets with closed-form ridge regression (numpy float64), its penalty picked
+the same way.
 
 Shape legend: N examples, D features, K classes, G grid values.
 """
@@ -42,7 +48,7 @@ TOL = 1e-5  # on max |gradient| of the per-example objective above
 NEWTON_MAX_PARAMS = 2560
 _LINE_SEARCH_STEPS = 24  # Newton's step sizes 1, 1/2, ... 2^-23
 _ARMIJO = 1e-4  # sufficient-decrease constant of the line search
-# Newton's Hessian gets DAMP * mean(diag H) added to its diagonal (Levenberg-Marquardt):
+# Newton's Hessian gets damp * diag(H) added to its diagonal (Levenberg-Marquardt):
 # at least _DAMP_MIN (float32 rounding), raised 100x whenever the factorisation fails,
 # lowered 10x after each step; past _DAMP_MAX the fit gives up (it is then a gradient step).
 _DAMP_MIN = 1e-6
@@ -75,7 +81,7 @@ class LogReg:
   C: float
   iterations: int
   grad_max: float  # largest |gradient| entry at the end
-  converged: bool  # stopped by the gradient test, not by max_iter
+  converged: bool  # grad_max < tol (not stopped by max_iter or float32's limits)
 
   def logits(self, X_NxD: np.ndarray) -> np.ndarray:
     return np.asarray(X_NxD, np.float32) @ self.W_DxK + self.b_K
@@ -162,7 +168,7 @@ def _newton(X_NxD1, c_N, y_N, l2, tol, Wb0_D1xK, max_iter: int):
     P_NxK = probs(Wb)
     g_P = g.T.reshape(P)  # class-major, as the Hessian
     H = hessian(P_NxK)
-    H = H + damp * jnp.mean(jnp.diagonal(H)) * jnp.eye(P, dtype=H.dtype)
+    H = H + jnp.diag(damp * jnp.diagonal(H))  # Marquardt: relative to each entry's scale
     d_P = -jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(H), g_P)
     slope = g_P @ d_P
     # Float32 sees the Hessian as indefinite when the penalty is below its rounding:
@@ -226,6 +232,8 @@ def _one_blas_thread() -> contextlib.AbstractContextManager:
     from threadpoolctl import threadpool_limits
   except ImportError:
     return contextlib.nullcontext()
+  # JAX calls scipy's LAPACK: load it now, as only libraries already loaded are limited.
+  import scipy.linalg  # noqa: F401
   return threadpool_limits(1, user_api="blas")
 
 
