@@ -72,6 +72,52 @@ def test_fit_probe_picks_C_on_held_out_train_and_predicts_each_eval_split():
   np.testing.assert_array_equal(again.predictions, fit.predictions["a"])
 
 
+@pytest.mark.slow
+def test_lbfgs_for_large_problems_equals_sklearn_too(monkeypatch):
+  """Above NEWTON_MAX_PARAMS parameters the fit uses L-BFGS: the same objective, same answers."""
+  monkeypatch.setattr(logreg, "NEWTON_MAX_PARAMS", 0)
+  X, y = _problem(0)
+  std = logreg.Standardizer.fit(X)
+  for m in logreg.fit_logreg(std(X), y, [0.01, 10.0], num_classes=4):
+    sk = LogisticRegression(C=m.C, max_iter=10000, tol=1e-8).fit(std(X), y)
+    assert m.converged and m.grad_max < logreg.TOL
+    assert abs(np.mean(m.predict(std(X)) == y) - sk.score(std(X), y)) <= 0.005
+    np.testing.assert_allclose(m.W_DxK, sk.coef_.T, atol=2e-3 * max(1, np.abs(sk.coef_).max()))
+
+
+@pytest.mark.slow
+def test_newton_converges_on_badly_scaled_features_and_weak_penalties():
+  """fit_logreg takes features as given: scales over four decades make the Hessian too
+  ill-conditioned for float32 at weak penalties; its damping must keep the steps useful
+  (damping by the Hessian's mean diagonal, or none, stalls here)."""
+  rs = np.random.RandomState(1)
+  X = (rs.normal(size=(300, 40)) * np.logspace(-2, 2, 40)).astype(np.float32)
+  y = rs.randint(0, 3, 300)
+  models = logreg.fit_logreg(X, y, [1.0, 1e3, 1e6], num_classes=3, max_iter=100)
+  for m in models:
+    assert m.converged and m.grad_max < logreg.TOL, (m.C, m.iterations, m.grad_max)
+  # Weaker penalties fit the training set better.
+  train_acc = [np.mean(m.predict(X) == y) for m in models]
+  assert train_acc[0] < train_acc[1] <= train_acc[2], train_acc
+
+
+@pytest.mark.slow
+def test_held_out_rows_are_weight_0_padding_and_both_fits_share_one_program():
+  X, y = _problem(2, n=200)
+  std = logreg.Standardizer.fit(X)
+  keep = np.arange(200) % 5 != 0
+  padded = logreg._fit_path(std(X), y, keep.astype(float), [0.1, 100.0], 4, logreg.MAX_ITER,
+                            logreg.TOL)
+  alone = logreg.fit_logreg(std(X)[keep], y[keep], [0.1, 100.0], num_classes=4)
+  for a, b in zip(padded, alone):
+    np.testing.assert_allclose(a.W_DxK, b.W_DxK, atol=1e-3 * max(1, np.abs(b.W_DxK).max()))
+  # fit_probe on a new shape: its holdout grid and its refit compile one program between them.
+  Xp, yp = _problem(2, n=173)
+  before = logreg._fit_one._cache_size()
+  logreg.fit_probe(Xp, yp, Xp[:3], num_classes=4)
+  assert logreg._fit_one._cache_size() == before + 1
+
+
 def test_ridge_equals_sklearn_and_probe_picks_alpha():
   rs = np.random.RandomState(0)
   X = rs.normal(size=(300, 10))
