@@ -176,7 +176,7 @@ def test_a_killed_preparation_leaves_only_debris_that_is_never_used(plain, cache
   # A hard kill (no cleanup runs) half way through writing examples.
   code = (
       "import os, sys; sys.path.insert(0, os.getcwd())\n"
-      "from bert_jax import dataset, pretraining_data\n"
+      "from bert_jax.data import dataset, pretraining_data\n"
       "from tests.test_dataset import data_config\n"
       "real = pretraining_data.document_spans\n"
       "def dies(*a, **k):\n"

@@ -198,7 +198,7 @@ def test_a_busy_roster_port_stops_process_0_and_frees_its_lock():
 def test_a_second_process_0_on_this_host_names_the_holder_until_it_dies():
   port = _free_port()
   code = ("import sys, time; sys.path.insert(0, %r)\n"
-          "from bert_jax import startup_roster\n"
+          "from bert_jax.dist import startup_roster\n"
           "startup_roster.lock_coordinator_port(%d, 'x')\n"
           "print('held', flush=True)\n"
           "time.sleep(120)\n" % (ROOT, port))

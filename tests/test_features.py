@@ -209,7 +209,7 @@ def one_device_run(ckpt, tmp_path_factory):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
              JAX_PLATFORMS="cpu")
   # Also reports which training modules the run pulled in.
-  code = ("import sys; from bert_jax import features_cli; rc = features_cli.main(sys.argv[1:]); "
+  code = ("import sys; from bert_jax.features import cli as features_cli; rc = features_cli.main(sys.argv[1:]); "
           "print([m for m in ('optax', 'bert_jax.train.optim', 'bert_jax.trainer') "
           "if m in sys.modules]); sys.exit(rc)")
   proc = subprocess.run(

@@ -141,7 +141,7 @@ def test_features_and_export_cli_fall_back_or_stop_in_one_line(workdir, tmp_path
                           capture_output=True, text=True, timeout=240)
 
   out = str(tmp_path / "f.npy")
-  proc = cli("bert_jax.features.extract", "--checkpoint", wd, "--input", str(inp), "--output", out)
+  proc = cli("bert_jax.features", "--checkpoint", wd, "--input", str(inp), "--output", out)
   assert proc.returncode == 0, proc.stderr
   assert "Traceback" not in proc.stderr
   warnings = [l for l in proc.stderr.splitlines() if l.startswith("warning:")]
