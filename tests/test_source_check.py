@@ -21,7 +21,7 @@ from bert_jax.io import source_check
 from bert_jax.io import checkpointing, convert
 from bert_jax.train import init_from
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.io.hf_weights import _spec, hf_config_from_bert
+from bert_jax.io.hf_weights import hf_config_from_bert, tensor_spec
 from bert_jax.model.config import BertConfig
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.trainer import train_and_evaluate
@@ -44,7 +44,7 @@ def write_source(path: str) -> str:
                       intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=1,
                       dtype="float32")
   rng = np.random.default_rng(0)
-  state = {t.hf: rng.normal(0, 0.02, t.hf_shape).astype(np.float32) for t in _spec(config)}
+  state = {t.hf: rng.normal(0, 0.02, t.hf_shape).astype(np.float32) for t in tensor_spec(config)}
   os.makedirs(path, exist_ok=True)
   save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:

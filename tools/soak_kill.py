@@ -54,7 +54,8 @@ def tiny_overrides(cache_dir: str, steps: int, phases: int = 1, **extra) -> dict
       "model.num_layers": 1, "train.batch_size": 16, "train.num_steps": steps,
       "train.warmup_steps": 2, "train.phase_fractions": fractions, "train.seq_lens": seq_lens,
       "train.max_predictions": preds, "log_every": 1, "checkpoint_every": 4,
-      "eval_every": 1000, "eval_batches": 1, "progress_bar": False, **extra}
+      "eval_every": 1000, "eval_batches": 1, "progress_bar": False,
+      "probe.tasks": (), **extra}  # configs/tiny.py's probe is tested on its own
 
 
 def tiny_args(workdir: str, cache_dir: str, steps: int, phases: int = 1, **extra) -> list[str]:
