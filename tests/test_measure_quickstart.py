@@ -128,3 +128,13 @@ def test_the_readme_has_one_reruns_block():
     text = f.read()
   assert text.count(mr.START) == 1 and text.count(mr.END) == 1
   assert text.index(mr.START) < text.index("**Reruns**") < text.index(mr.END)
+
+
+def test_a_run_with_probes_reports_their_time_and_the_final_probe():
+  text = TRANSCRIPT.replace("; evaluation 17.8 s\n", "; evaluation 17.8 s; probes 4.5 s\n")
+  m = {**_measurement(wall=169.5), "text": text, "summary": mq._SUMMARY.search(text),
+       "probe": {"word_order/accuracy": 0.5366, "word_order/num_eval": 123.0}}
+  block = mq.markdown(m)
+  assert "evaluations 17.8 s, probes 4.5 s, final evaluation and checkpoint 2.0 s" in block
+  assert "the rest (plot, exit) 1.0 s" in block
+  assert "| linear probe, word_order accuracy | 0.537 (dev of 123;" in block

@@ -42,7 +42,8 @@ _MODEL = re.compile(r"^model: (.*)$", re.M)
 _SUMMARY = re.compile(
     r"^throughput: (\d+) steps in ([\d.]+) s: ([\d.]+) steps/s, ([\d.]+) sequences/s, "
     r"(\d+) tokens/s \((\d+) real\), ([\d.e+-]+) model TFLOP/s(?:, MFU ([\d.]+%))?"
-    r"; compile \(first step\) ([^;]*?)(?:; evaluation ([\d.]+) s)?$", re.M)
+    r"; compile \(first step\) ([^;]*?)(?:; evaluation ([\d.]+) s)?(?:; probes ([\d.]+) s)?$",
+    re.M)
 
 
 def cpu_name() -> str:
@@ -81,6 +82,7 @@ def run_quickstart(steps: int, workdir: str) -> dict:
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     rows = [json.loads(l) for l in f if l.strip()]
   evals = [r for r in rows if r.get("split") == "eval" and r.get("step") == steps]
+  probes = [r for r in rows if r.get("split") == "probe" and r.get("step") == steps]
   summary = _SUMMARY.search(text)
   if not evals or summary is None:
     raise SystemExit("error: the run printed no throughput summary or wrote no final eval "
@@ -92,7 +94,7 @@ def run_quickstart(steps: int, workdir: str) -> dict:
   return {**times, "steps": steps, "wall_s": wall, "load_at_start": load, "text": text,
           "prepare_s": sum(float(x) for x in _PREPARED.findall(text)),
           "model": (_MODEL.search(text) or [None, "?"])[1], "summary": summary,
-          "eval": evals[-1], "date": datetime.datetime.now(datetime.timezone.utc)}
+          "eval": evals[-1], "probe": probes[-1] if probes else None, "date": datetime.datetime.now(datetime.timezone.utc)}
 
 
 def markdown(m: dict) -> str:
@@ -106,9 +108,11 @@ def body(m: dict) -> str:
   timed_steps, timed_s = int(s[1]), float(s[2])
   compile_s = sum(float(x) for x in re.findall(r"([\d.]+) s", s[9]))
   eval_s = float(s[10] or 0)
+  probe_s = float(s[11] or 0)  # config.probe.tasks at every eval but the final one
   final_s = m.get("final_eval_s") or 0.0
   startup_s = max((m.get("train_start_s") or 0.0) - m["prepare_s"], 0.0)
-  rest = m["wall_s"] - startup_s - m["prepare_s"] - timed_s - compile_s - eval_s - final_s
+  rest = (m["wall_s"] - startup_s - m["prepare_s"] - timed_s - compile_s - eval_s - probe_s
+          - final_s)
   command = "python train.py" + ("" if m["steps"] == DEFAULT_STEPS
                                  else f" --config.train.num_steps={m['steps']}")
   quick = ("" if m["steps"] == DEFAULT_STEPS else
@@ -127,7 +131,8 @@ def body(m: dict) -> str:
       f"| wall time | {_duration(m['wall_s'])}: start-up (imports, model set-up) "
       f"{_duration(startup_s)}, data preparation {m['prepare_s']:.1f} s, compile "
       f"{compile_s:.1f} s, {timed_steps} timed steps {_duration(timed_s)}, evaluations "
-      f"{eval_s:.1f} s, final evaluation and checkpoint {final_s:.1f} s, the rest (plot, "
+      f"{eval_s:.1f} s" + (f", probes {probe_s:.1f} s" if probe_s else "")
+      + f", final evaluation and checkpoint {final_s:.1f} s, the rest (plot, "
       f"exit) {_duration(rest) if rest >= 0 else f'{rest:.1f} s (the parts overlap)'} |",
       f"| training speed | {float(s[3]):.2f} steps/s, {float(s[4]):.0f} sequences/s, "
       f"{int(s[5])} tokens/s ({int(s[6])} real), {float(s[7]):.3g} model TFLOP/s{mfu}; "
@@ -136,7 +141,11 @@ def body(m: dict) -> str:
       f"{ev.get('mlm_accuracy_stderr', float('nan')):.3f} (the best constant guess is "
       f"{ev.get('mlm_best_constant_accuracy', float('nan')):.3f}) |",
       f"| held-out NSP accuracy | {ev['nsp_accuracy']:.3f} ± "
-      f"{ev.get('nsp_accuracy_stderr', float('nan')):.3f} |"])
+      f"{ev.get('nsp_accuracy_stderr', float('nan')):.3f} |"] + [
+      f"| linear probe, {k.replace('/', ' ')} | {v:.3f} (dev of "
+      f"{int(m['probe'].get(k.split('/')[0] + '/num_eval', 0))}; see Is the model any good?) |"
+      for k, v in (m.get("probe") or {}).items()
+      if "/" in k and not k.endswith("/num_eval")])
 
 
 def main(argv=None) -> int:

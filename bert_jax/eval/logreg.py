@@ -103,6 +103,7 @@ def _grad_max(g):
   return jnp.abs(g).max()
 
 
+# long: one traced while_loop (gradient, Hessian, damped Cholesky, vectorised line search) whose parts share its carry
 def _newton(X_NxD1, c_N, y_N, l2, tol, Wb0_D1xK, max_iter: int):
   """Newton's method with an exact Hessian (Cholesky) and a backtracking line search.
 

@@ -17,6 +17,9 @@ import math
 import time
 from typing import Any, Optional
 
+import jax
+
+from bert_jax import console
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.eval import probe, tasks
 from bert_jax.eval.task import Task
@@ -41,6 +44,12 @@ class RunProbes:
     self.s, self.tasks, self.config, self.tokenizer, self.seed = s, task_list, config, tokenizer, seed
     self.seconds = 0.0
     self._extractor: Optional[Extractor] = None
+    if self.tasks and jax.process_count() > 1:
+      # Extraction and the fit run on one process's devices; a multi-process probe
+      # (features gathered across hosts) is not built yet.
+      console.warn(f"warning: config.probe.tasks={tuple(s.tasks)} skipped: probes run on "
+                   f"single-process runs only, this run has {jax.process_count()} processes")
+      self.tasks = []
 
   def __bool__(self) -> bool:
     return bool(self.tasks)
