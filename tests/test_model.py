@@ -115,7 +115,7 @@ def test_impossible_model_config_names_the_field(change, field):
     BertConfig(**{**SMALL.to_dict(), **change}).validate()
 
 
-@pytest.mark.parametrize("rng", ["hash", "threefry"])
+@pytest.mark.parametrize("rng", ["hash", "threefry", "rbg", "unsafe_rbg"])
 def test_dropout_keeps_one_minus_rate_and_preserves_the_mean(rng):
   from bert_jax.model.bert import Dropout
   x = jnp.ones((64, 16, 256), jnp.float32)  # ~262k draws: std of the kept fraction ~6e-4
