@@ -54,7 +54,7 @@ def _write_json(path: str, data: dict) -> None:
 def run_plan(config, topology_name: str = "", json_path: str = "", search: bool = True,
              include_eval: bool = True):
   """Plans `config` (a ConfigDict) and prints it; returns the Plan."""
-  from bert_jax.dist import plan as plan_lib, topology
+  from bert_jax.dist import plan as plan_lib, plan_report, topology
   if topology_name:  # before anything asks JAX for a backend (the host side is the CPU)
     topo = topology.parse(topology_name)
     devices = topology.devices(topo)
@@ -76,7 +76,7 @@ def run_plan(config, topology_name: str = "", json_path: str = "", search: bool 
   console.log(f"compiling for {target} ...")
   plan = plan_lib.make_plan(s, devices, target, memory, label, include_eval=include_eval,
                             search=search, log=console.log)
-  print(plan_lib.format_plan(plan), flush=True)
+  print(plan_report.format_plan(plan), flush=True)
   if json_path:
     _write_json(json_path, plan.to_dict())
   return plan

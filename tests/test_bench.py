@@ -96,6 +96,7 @@ def test_prepare_benchmark_times_a_small_synthetic_corpus(tmp_path):
   assert list(tmp_path.iterdir()) == []  # the corpus, vocabulary and cache are gone
 
 
+@pytest.mark.slow
 def test_profile_script_attributes_op_time_to_model_parts():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = {**os.environ, "XLA_FLAGS": ""}  # one device, as the benchmark

@@ -23,6 +23,8 @@ import time
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")
 TIMEOUT_S = 240  # per launch; a hung collective must fail the test, not the CI job

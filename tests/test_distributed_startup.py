@@ -68,6 +68,7 @@ def _one_error_line(rc: int, err: str, *says: str) -> str:
   return errors[0]
 
 
+@pytest.mark.slow
 def test_startup_faults_end_in_one_error_line_within_the_timeout(tmp_path):
   busy = socket.socket()
   busy.bind(("127.0.0.1", 0))

@@ -40,6 +40,8 @@ from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.trainer import make_steps, train_and_evaluate
 from tools import soak_kill
 
+pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 20  # checkpoints every 4 steps, keeps 3
 

@@ -30,6 +30,8 @@ from bert_jax.data.tokenizer import Tokenizer  # noqa: E402
 from bert_jax.trainer import make_steps, train_and_evaluate  # noqa: E402
 from tools import soak_kill  # noqa: E402
 
+pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "data", "corpus.txt")
 SEQ, PREDS, BATCH = 32, 5, 16

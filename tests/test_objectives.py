@@ -19,6 +19,8 @@ from test_pretraining_data import CLS, SEP, make_documents
 from test_train import _config
 from test_train_step import _batch, _config as _step_config, _steps
 
+pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
+
 L = 64
 
 

@@ -11,6 +11,8 @@ from bert_jax.errors import ConfigError
 from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import BertForPreTraining, BertModel
 
+pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
+
 SMALL = dict(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
              max_position_embeddings=64, vocab_pad_multiple=128)
 F32 = BertConfig(**SMALL)

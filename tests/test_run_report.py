@@ -19,6 +19,8 @@ from bert_jax.trainer import train_and_evaluate
 from tests.test_train import ROOT, _config
 from tools import cases
 
+pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
+
 
 def _train(config, workdir):
   out, err = io.StringIO(), io.StringIO()

@@ -16,7 +16,7 @@ import pytest
 
 from bert_jax import settings as settings_lib
 from bert_jax.model import precision
-from bert_jax.dist import hlo, plan as plan_lib, topology
+from bert_jax.dist import hlo, plan as plan_lib, plan_report, topology
 from bert_jax.errors import TopologyError
 
 import configs.tiny as tiny
@@ -265,7 +265,7 @@ def test_local_plan_on_cpu_devices_replicated_and_fsdp(tmp_path):
   assert floats(rep.steps[0])["all-reduce"] > 0 and not floats(rep.steps[0]).get("all-gather")
   assert floats(fsdp.steps[0])["all-gather"] > 0
   assert fsdp.steps[0].params_bytes * 4 < rep.steps[0].params_bytes
-  text = plan_lib.format_plan(rep)
+  text = plan_report.format_plan(rep)
   assert "train phase 0" in text and "fits" in text and "all-reduce" in text
   json.dumps(rep.to_dict())  # serialisable as --json writes it
 
@@ -356,8 +356,8 @@ def test_fsdp_shrinks_the_state_per_device_by_the_data_axis():
   s_rep, s_fsdp = tiny_settings(), tiny_settings(**{"mesh.param_sharding": "fsdp"})
   devices = topology.devices(topology.parse("v5e-8"))
   rep, fsdp = plan_lib.Planner(s_rep, devices, 512), plan_lib.Planner(s_fsdp, devices, 512)
-  state = lambda p: (plan_lib._per_device_bytes(p.steps.abstract_params)
-                     + plan_lib._per_device_bytes(p.steps.abstract_opt_state))
+  state = lambda p: (plan_lib.per_device_bytes(p.steps.abstract_params)
+                     + plan_lib.per_device_bytes(p.steps.abstract_opt_state))
   # Every tensor with a hidden ('embed') axis is split 8 ways; the few others (vocab and
   # feed-forward biases) stay whole, so the shrink is close to, not exactly, 8.
   assert 6 * state(fsdp) < state(rep) <= 8 * state(fsdp)

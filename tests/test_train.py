@@ -14,6 +14,8 @@ from bert_jax.errors import BertJaxError, ConfigError, CorpusError
 from bert_jax.trainer import train_and_evaluate
 from configs import tiny
 
+pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "data", "corpus.txt")
 

@@ -12,6 +12,8 @@ from bert_jax.data.pretraining_data import Batch
 from bert_jax.trainer import make_steps
 from configs import tiny
 
+pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
+
 VOCAB, L = 200, 32
 
 

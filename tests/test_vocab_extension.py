@@ -76,6 +76,7 @@ def extended_run(tmp_path_factory):
   return base, src, workdir, out
 
 
+@pytest.mark.slow
 def test_extended_run_keeps_source_rows_and_sets_new_rows_to_piece_means(extended_run):
   _, src, workdir, out = extended_run
   source_tok = Tokenizer.from_vocab_file(os.path.join(src, "vocab.txt"), True)

@@ -53,6 +53,7 @@ def toy_workdir(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data", [{"corpus": "builtin", "max_documents": 40},
                                   {"vocab_size": 512}],
                          ids=["another_corpus", "another_vocab_size"])

@@ -40,7 +40,7 @@ def load_config(path: str):
 
 
 def row(label: str, topo, st) -> str:
-  from bert_jax.dist import plan as plan_lib
+  from bert_jax.dist import plan as plan_lib, plan_report
   GIB = plan_lib.GIB
   if st.compiled:
     mem = f"{st.total_bytes / GIB:.2f} of {topo.hbm_bytes_per_device / GIB:g}"
@@ -48,7 +48,7 @@ def row(label: str, topo, st) -> str:
     mem = f"needs {st.total_bytes / GIB:.2f} of {topo.hbm_bytes_per_device / GIB:g}"
   else:
     mem = f"? ({st.error[:60]})"
-  colls = plan_lib.describe_collectives(st.collectives) if st.compiled else "-"
+  colls = plan_report.describe_collectives(st.collectives) if st.compiled else "-"
   return (f"| {label} | {st.seq_len}, {st.max_predictions} | {topo.name} | {topo.num_devices} | "
           f"{st.per_device_batch} | {mem} | {'yes' if st.fits else '**no**'} | "
           f"{st.model_flops * topo.num_devices / 1e12:.2f} | "
