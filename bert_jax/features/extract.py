@@ -65,8 +65,9 @@ def _warn(msg: str) -> None:
 # Encoding (numpy only)
 
 
-def truncate_seq_pair(a: list, b: list, max_tokens: int) -> None:
-  """Trims the longer list from its end until both fit (the reference's rule)."""
+def trim_pair_from_end(a: list, b: list, max_tokens: int) -> None:
+  """Trims the longer list from its end until both fit: run_classifier.py's rule for
+  inference (pre-training data trims at random ends: data/pretraining_data.truncate_seq_pair)."""
   while len(a) + len(b) > max_tokens:
     (a if len(a) > len(b) else b).pop()
 
@@ -109,7 +110,7 @@ def encode(tokenizer: Tokenizer, inputs: Sequence[Input], max_length: int) -> En
     if i in ids_b:
       b = ids_b[i]
       before = len(a) + len(b)
-      truncate_seq_pair(a, b, max_length - 3)
+      trim_pair_from_end(a, b, max_length - 3)
       truncated += len(a) + len(b) < before
       out_ids.append([cls] + a + [sep] + b + [sep])
       out_segments.append([0] * (len(a) + 2) + [1] * (len(b) + 1))
