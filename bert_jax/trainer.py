@@ -16,18 +16,17 @@ import numpy as np
 
 from bert_jax import console, settings as settings_lib
 from bert_jax.dist import sharding, workdir_lock
-from bert_jax.io import checkpointing
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, init_from
 from bert_jax.errors import ConfigError
 from bert_jax.train import probes
-from bert_jax.train.loop import TrainLoop, describe_eval
+from bert_jax.train.eval_report import describe_eval
+from bert_jax.train.loop import TrainLoop
 from bert_jax.train.preemption import StopSignals
 from bert_jax.train.reporting import Reporter
-from bert_jax.train.resume import RunCheckpoints, RunState, check_same_recipe, checkpoint_dir
+from bert_jax.train.resume import RunCheckpoints, RunState, check_same_data, checkpoint_dir
 from bert_jax.settings import Settings
 from bert_jax.train.steps import TrainSteps
-from bert_jax.data.tokenizer import Tokenizer
 
 
 def _check_workdir(workdir: str) -> None:
@@ -38,52 +37,6 @@ def _check_workdir(workdir: str) -> None:
       raise ConfigError(f"--workdir {workdir}: {path} is not a directory; expected a directory "
                         "(created if missing)")
     path = os.path.dirname(path)
-
-
-# What makes a run's corpus and vocabulary; the other data fields may change on resume.
-_DATA_IDENTITY = ("corpus", "format", "max_documents", "lowercase")
-_TRAINED_VOCAB = ("vocab_size", "vocab_sample_bytes")  # only when no vocab_file is given
-
-
-def _same_path(a, b) -> bool:
-  return a == b or (isinstance(a, str) and isinstance(b, str) and bool(a) and bool(b)
-                    and os.path.realpath(a) == os.path.realpath(b))
-
-
-def _check_same_data(s: Settings, workdir: str) -> None:
-  """A workdir whose checkpoint was trained on another corpus or vocabulary is refused."""
-  meta = checkpointing.newest_meta(checkpoint_dir(workdir))
-  if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
-    check_same_recipe(meta["config"], json.loads(s.config_json), checkpoint_dir(workdir))
-  saved = ((meta or {}).get("config") or {}).get("data")
-  if not isinstance(saved, dict):
-    return  # no checkpoint (or one of an older version): nothing to compare
-  data = json.loads(s.config_json)["data"]
-  both_files = bool(saved.get("vocab_file")) and bool(data.get("vocab_file"))
-  fields = _DATA_IDENTITY + (() if both_files else ("vocab_file",)) + (
-      () if data.get("vocab_file") else _TRAINED_VOCAB)
-  differ = [k for k in fields if k in saved and not (
-      _same_path(saved[k], data.get(k)) if k == "corpus" else saved[k] == data.get(k))]
-  where = f"--workdir {workdir} holds a run"
-  if differ:
-    was = ", ".join(f"{k}={saved[k]!r}" for k in differ)
-    now = ", ".join(f"{k}={data.get(k)!r}" for k in differ)
-    raise ConfigError(
-        f"{where} on another corpus or vocabulary (its checkpoint has data {was}; this run "
-        f"asks for {now}); nothing was written: use another --workdir, or the original data "
-        "settings to resume it")
-  if both_files and isinstance(meta.get("vocab"), list):  # the files' tokens, wherever they are
-    theirs, ours = meta["vocab"], Tokenizer.from_vocab_file(data["vocab_file"],
-                                                           data["lowercase"]).vocab
-    if theirs != ours:
-      at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b),
-                min(len(theirs), len(ours)))
-      there, here = (repr(v[at]) if at < len(v) else "none" for v in (theirs, ours))
-      raise ConfigError(
-          f"{where} with another vocabulary ({len(theirs)} tokens, data.vocab_file "
-          f"{data['vocab_file']} has {len(ours)}; first difference at id {at}: {there} there, "
-          f"{here} here); nothing was written: use another --workdir, or the run's own "
-          "vocabulary")
 
 
 def make_steps(s: Settings, vocab_size: int, special_ids: list[int], mask_id: int,
@@ -119,7 +72,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 # long: the run's story in order (restore, loop, final eval, report); each line calls one owner
 def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
-  _check_same_data(s, workdir)  # before preparing anything: a refused run writes nothing
+  check_same_data(s, workdir)  # before preparing anything: a refused run writes nothing
   ext = None
   if source is not None:
     console.log(f"init_from: {source.describe()}")

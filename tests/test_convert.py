@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from bert_jax.io import checkpointing, convert, hf_weights
+from bert_jax.io import checkpointing, convert, hf_weights, sources
 from bert_jax.model.config import BertConfig
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -223,7 +223,7 @@ def test_no_heads_ignores_the_sources_heads(tmp_path):
 def test_lowercase_comes_from_tokenizer_config_else_the_name(tmp_path, tok_config, name,
                                                              expected):
   hf_dir = write_hf_dir(tmp_path / name, tokenizer_config=tok_config)
-  assert convert.resolve_lowercase(hf_dir, HF_CONFIG, None)[0] is expected
+  assert sources.resolve_lowercase(hf_dir, HF_CONFIG, None)[0] is expected
 
 
 # --- the CLI: export ------------------------------------------------------------

@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from bert_jax import console
 from bert_jax.model import flops
-from bert_jax.train import loop as loop_lib
+from bert_jax.train import eval_report, loop as loop_lib
 from bert_jax.train.reporting import Reporter
 from bert_jax.trainer import train_and_evaluate
 from tests.test_train import ROOT, _config
@@ -178,7 +178,7 @@ def test_eval_accuracies_carry_their_standard_error(finished):
 
 
 def test_stderr_formula():
-  ev = loop_lib.with_stderr({"mlm_accuracy": 0.2, "mlm_count": 100.0,
+  ev = eval_report.with_stderr({"mlm_accuracy": 0.2, "mlm_count": 100.0,
                              "nsp_accuracy": 0.5, "nsp_count": 0.0})
   assert ev["mlm_accuracy_stderr"] == pytest.approx(0.04)
   assert ev["nsp_accuracy_stderr"] != ev["nsp_accuracy_stderr"]  # NaN: no examples

@@ -106,16 +106,17 @@ def test_a_vocabulary_of_another_size_is_named_as_such_not_as_a_config_value():
 
 
 def test_a_vocab_file_is_compared_by_its_tokens_not_its_path(tmp_path, monkeypatch):
-  from bert_jax import settings, trainer
+  from bert_jax import settings
+  from bert_jax.train import resume
   tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat"]
   saved = _config(vocab_file=str(tmp_path / "there.txt"))
   meta = {"config": json.loads(saved.to_json()), "vocab": tokens}
-  monkeypatch.setattr(trainer.checkpointing, "newest_meta", lambda d: meta)
+  monkeypatch.setattr(resume.checkpointing, "newest_meta", lambda d: meta)
 
   def check(vocab):
     path = tmp_path / "here.txt"
     path.write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
-    trainer._check_same_data(settings.from_config(_config(vocab_file=str(path))), "w")
+    resume.check_same_data(settings.from_config(_config(vocab_file=str(path))), "w")
 
   check(tokens)  # the same tokens in another file: resumes
   swapped = tokens[:5] + ["cat", "the", "sat"]

@@ -10,8 +10,8 @@ config, vocabulary, lowercase flag, source and which heads were imported.
 A fine-tuned checkpoint (`python -m bert_jax.finetune --save`) exports as a
 BertForSequenceClassification (its meta's `classifier`: labels, problem type).
 
-This module owns the files: reading HF / TensorFlow sources, writing the
-checkpoint or the HF directory atomically, and the command line. The pure
+This module writes: the checkpoint or the HF directory, atomically, and the
+command line; reading HF / TensorFlow sources is bert_jax.io.sources. The pure
 name/shape mapping between HF tensors and our params, and the config
 translation, are bert_jax.io.hf_weights.
 
@@ -23,131 +23,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import json
 import os
-import re
 import shutil
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Optional
 
-import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from bert_jax import cli as common
 from bert_jax.io import checkpointing
 from bert_jax.errors import ConfigError
-from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, POOLER, TF_IGNORED, ConvertError,
+from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, POOLER, ConvertError,
                                  ImportReport, bert_config_from_hf, hf_config_from_bert,
                                  hf_state_to_params, params_to_hf_state, tf_to_hf)
+from bert_jax.io.sources import (check_dir, load_hf_weights, load_tf_checkpoint, read_json, read_vocab,
+                                 resolve_lowercase, tf_checkpoint_prefix)
 from bert_jax.model.config import BertConfig
 from bert_jax.data.tokenizer import Tokenizer
-
-
-# ----------------------------------------------------------------------------
-# Reading sources
-
-
-def read_json(path: str, what: str) -> dict:
-  if not os.path.isfile(path):
-    raise ConfigError(f"{path}: no such file (expected the {what})")
-  try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
-  except (ValueError, UnicodeDecodeError) as e:
-    raise ConfigError(f"{path}: not valid JSON ({str(e).splitlines()[0]}); expected the {what} "
-                      "as a JSON object") from None
-  if not isinstance(data, dict):
-    raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
-  return data
-
-
-def _check_dir(path: str, what: str) -> str:
-  path = os.path.abspath(path)
-  if not os.path.isdir(path):
-    found = "is not a directory" if os.path.exists(path) else "no such directory"
-    raise ConfigError(f"{what} {path}: {found}; expected the directory of the model's files")
-  return path
-
-
-def _load_safetensors(path: str) -> dict[str, np.ndarray]:
-  try:
-    return load_file(path)
-  except (SafetensorError, OSError, ValueError, TypeError) as e:
-    raise ConvertError(f"{path}: cannot read safetensors ({str(e).splitlines()[0]})") from None
-
-
-def _load_torch_bin(path: str) -> dict[str, np.ndarray]:
-  try:
-    import torch  # optional: only for pytorch_model.bin
-  except ImportError:
-    raise ConvertError(f"{path}: reading pytorch_model.bin needs torch (pip install torch); "
-                       "or convert it to model.safetensors") from None
-  try:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as e:  # pickle/zip errors come in many types
-    raise ConvertError(f"{path}: cannot read as a weights-only torch state dict "
-                       f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-  if not isinstance(state, Mapping):
-    raise ConvertError(f"{path}: expected a state dict, got {type(state).__name__}")
-  return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy()
-          for k, v in state.items() if isinstance(v, torch.Tensor)}
-
-
-def load_hf_weights(hf_dir: str) -> tuple[dict[str, np.ndarray], str]:
-  """(state dict, file name for messages) from model.safetensors (sharded too) or .bin."""
-  single = os.path.join(hf_dir, "model.safetensors")
-  index = os.path.join(hf_dir, "model.safetensors.index.json")
-  torch_bin = os.path.join(hf_dir, "pytorch_model.bin")
-  if os.path.isfile(single):
-    return _load_safetensors(single), single
-  if os.path.isfile(index):
-    weight_map = read_json(index, "safetensors index").get("weight_map")
-    if not isinstance(weight_map, dict):
-      raise ConvertError(f"{index}: expected a 'weight_map' object")
-    state: dict[str, np.ndarray] = {}
-    for shard in sorted(set(weight_map.values())):
-      state.update(_load_safetensors(os.path.join(hf_dir, shard)))
-    return state, index
-  if os.path.isfile(torch_bin):
-    return _load_torch_bin(torch_bin), torch_bin
-  raise ConvertError(f"{hf_dir}: no weights (expected model.safetensors, "
-                     "model.safetensors.index.json or pytorch_model.bin)")
-
-
-def resolve_lowercase(directory: str, hf_config: Mapping, override: Optional[bool]) -> tuple[bool, str]:
-  """do_lower_case and where it came from."""
-  if override is not None:
-    return override, "from the command line"
-  tok_config = os.path.join(directory, "tokenizer_config.json")
-  if os.path.isfile(tok_config):
-    value = read_json(tok_config, "tokenizer config").get("do_lower_case")
-    if isinstance(value, bool):
-      return value, "do_lower_case in tokenizer_config.json"
-  name = f"{hf_config.get('_name_or_path', '')} {os.path.basename(directory)}".lower()
-  if "uncased" in name:
-    return True, "'uncased' in the model name"
-  if "cased" in name:
-    return False, "'cased' in the model name"
-  return True, "default (no tokenizer_config.json or cased/uncased in the name)"
-
-
-def read_vocab(directory: str, config: BertConfig, lowercase: bool,
-           config_file: str) -> Tokenizer:
-  path = os.path.join(directory, "vocab.txt")
-  if not os.path.isfile(path):
-    raise ConfigError(f"{path}: no such file (expected the WordPiece vocabulary)")
-  tokenizer = Tokenizer.from_vocab_file(path, lowercase)
-  if tokenizer.vocab_size != config.vocab_size:
-    raise ConfigError(f"{path} has {tokenizer.vocab_size} tokens but {config_file} says "
-                      f"vocab_size={config.vocab_size}; expected one token per id")
-  return tokenizer
-
-
-# ----------------------------------------------------------------------------
-# Writing outputs atomically
 
 
 @contextlib.contextmanager
@@ -196,7 +90,7 @@ def _meta(config: BertConfig, tokenizer: Tokenizer, lowercase_from: str, source:
 def import_hf(hf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = False,
               seed: int = 0, lowercase: Optional[bool] = None) -> dict:
   """Imports a HuggingFace BERT directory; returns the checkpoint's meta."""
-  hf_dir = _check_dir(hf_dir, "HuggingFace model")
+  hf_dir = check_dir(hf_dir, "HuggingFace model")
   config_path = os.path.join(hf_dir, "config.json")
   hf_config = read_json(config_path, "model config")
   config = bert_config_from_hf(hf_config, config_path)
@@ -209,41 +103,13 @@ def import_hf(hf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = F
   return meta
 
 
-def tf_checkpoint_prefix(tf_dir: str) -> str:
-  preferred = os.path.join(tf_dir, "bert_model.ckpt")
-  if os.path.isfile(preferred + ".index"):
-    return preferred
-  prefixes = sorted(p[:-len(".index")] for p in glob.glob(os.path.join(tf_dir, "*.index")))
-  if not prefixes:
-    raise ConvertError(f"{tf_dir}: no TensorFlow checkpoint (expected bert_model.ckpt.index "
-                       "and bert_model.ckpt.data-*)")
-  step = lambda p: int(m.group(1)) if (m := re.search(r"-(\d+)$", p)) else -1
-  return max(prefixes, key=step)  # the newest of model.ckpt-N
-
-
-def load_tf_checkpoint(prefix: str) -> dict[str, np.ndarray]:
-  try:
-    import tensorflow as tf  # optional: only for google-research checkpoints
-  except ImportError:
-    raise ConvertError(f"{prefix}: reading a TensorFlow checkpoint needs TensorFlow, which is "
-                       "not installed (pip install tensorflow-cpu)") from None
-  try:
-    reader = tf.train.load_checkpoint(prefix)
-    names = reader.get_variable_to_shape_map()
-    return {n: np.asarray(reader.get_tensor(n)) for n in sorted(names)
-            if not TF_IGNORED.search(n)}
-  except Exception as e:  # TF raises its own error types
-    raise ConvertError(f"{prefix}: cannot read the TensorFlow checkpoint "
-                       f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-
-
 def import_tf(tf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = False,
               seed: int = 0, lowercase: Optional[bool] = None) -> dict:
   """Imports a google-research/bert checkpoint directory; returns the checkpoint's meta."""
   if os.path.isfile(tf_dir + ".index"):  # a checkpoint prefix was given
     tf_dir, prefix = os.path.dirname(os.path.abspath(tf_dir)), os.path.abspath(tf_dir)
   else:
-    tf_dir, prefix = _check_dir(tf_dir, "TensorFlow model"), None
+    tf_dir, prefix = check_dir(tf_dir, "TensorFlow model"), None
   config_path = os.path.join(tf_dir, "bert_config.json")
   if not os.path.isfile(config_path) and os.path.isfile(os.path.join(tf_dir, "config.json")):
     config_path = os.path.join(tf_dir, "config.json")

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.io import convert
+from bert_jax.io import sources
 from bert_jax.io.hf_weights import (ConvertError, abstract_params_of, get_path, tensor_spec, match_hf_names,
                                  tf_to_hf)
 from bert_jax.model.config import BertConfig
@@ -113,7 +113,7 @@ def safetensors_shapes(path: str) -> dict[str, tuple]:
 
 
 def _safetensors_index_shapes(index: str) -> dict[str, tuple]:
-  weight_map = convert.read_json(index, "safetensors index").get("weight_map")  # pylint: disable=protected-access
+  weight_map = sources.read_json(index, "safetensors index").get("weight_map")
   if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
     raise ConvertError(f"{index}: expected a 'weight_map' object of tensor name -> shard file")
   shapes: dict[str, tuple] = {}
@@ -173,7 +173,7 @@ def _tf_variables(prefix: str) -> dict[str, tuple[tuple, int]]:
 def tensorflow_shapes(directory: str) -> dict[str, tuple]:
   """HF-named {tensor: shape} of a TF checkpoint: its index and every data shard present,
   the variables' bytes within the shards' sizes."""
-  prefix = convert.tf_checkpoint_prefix(directory)  # pylint: disable=protected-access
+  prefix = sources.tf_checkpoint_prefix(directory)
   index = prefix + ".index"
   if os.path.getsize(index) == 0:
     raise ConvertError(f"{index}: empty; {_AGAIN}")
@@ -224,12 +224,12 @@ def check_weights(path: str, kind: str, config: BertConfig) -> str:
   """Checks a HuggingFace or TensorFlow source's weights (see the module doc); returns
   the weights file or prefix that was checked."""
   if kind == "tensorflow":
-    where = convert.tf_checkpoint_prefix(path)  # pylint: disable=protected-access
+    where = sources.tf_checkpoint_prefix(path)
     shapes = tensorflow_shapes(path)
   else:
     single, index, torch_bin = (os.path.join(path, n) for n in (
         "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
-    if os.path.isfile(single):  # the order convert.load_hf_weights reads them in
+    if os.path.isfile(single):  # the order sources.load_hf_weights reads them in
       where, shapes = single, safetensors_shapes(single)
     elif os.path.isfile(index):
       where, shapes = index, _safetensors_index_shapes(index)

@@ -39,8 +39,9 @@ import jax
 
 from bert_jax import console
 from bert_jax.io import source_check
+from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.data import corpus, dataset, vocab_extension
-from bert_jax.io import checkpointing, convert
+from bert_jax.io import checkpointing, hf_weights, sources
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, bert_config_from_hf, hf_state_to_params,
                                  params_to_hf_state)
@@ -74,10 +75,10 @@ class Source:
   def hf_state(self) -> dict:
     """The source's weights as a HuggingFace state dict (numpy)."""
     if self.kind == "huggingface":
-      return convert.load_hf_weights(self.path)[0]
+      return sources.load_hf_weights(self.path)[0]
     if self.kind == "tensorflow":
-      return convert.tf_to_hf(convert.load_tf_checkpoint(
-          convert.tf_checkpoint_prefix(self.path)))
+      return hf_weights.tf_to_hf(sources.load_tf_checkpoint(
+          sources.tf_checkpoint_prefix(self.path)))
     return params_to_hf_state(jax.device_get(self._params), self.config)
 
 
@@ -111,10 +112,10 @@ def _read_hf_like(path: str, kind: str) -> Source:
   names = ("config.json",) if kind == "huggingface" else ("bert_config.json", "config.json")
   config_path = next((os.path.join(path, n) for n in names
                       if os.path.isfile(os.path.join(path, n))), os.path.join(path, names[0]))
-  hf_config = convert.read_json(config_path, "model config")
+  hf_config = sources.read_json(config_path, "model config")
   config = bert_config_from_hf(hf_config, config_path)
-  lower, lower_from = convert.resolve_lowercase(path, hf_config, None)
-  tokenizer = convert.read_vocab(path, config, lower, config_path)
+  lower, lower_from = sources.resolve_lowercase(path, hf_config, None)
+  tokenizer = sources.read_vocab(path, config, lower, config_path)
   return Source(path, kind, config, tokenizer, lower_from)
 
 
@@ -142,7 +143,7 @@ def resolve(s: Settings) -> Source:
     source = _read_bert_jax(path) if kind == "bert-jax" else _read_hf_like(path, kind)
     # The whole source, before any data is prepared or folder made (not at step 0).
     if kind == "bert-jax":
-      source_check.check_params(source._params, source.config, path)  # pylint: disable=protected-access
+      source_check.check_params(source._params, source.config, path)
     else:
       source_check.check_weights(path, kind, source.config)
   except BertJaxError as e:
@@ -228,7 +229,6 @@ def initial_state(source: Source, steps, ext, seed: int) -> tuple[Any, Any]:
 
 def log_start(loop, reporter) -> dict:
   """Evaluates (and probes) the starting model and logs it as step 0; returns the eval."""
-  from bert_jax.train.loop import describe_eval, with_stderr  # pylint: disable=import-outside-toplevel
   ev = with_stderr(loop.evaluate(loop.s.train.phases[0]))
   reporter.write("eval", 0, ev)
   console.log(f"eval @ 0 (the model of --config.init_from, before training): "

@@ -15,7 +15,6 @@ Shape legend: B global batch.
 _MAX_IN_FLIGHT = 2
 
 import collections
-import math
 import signal
 import time
 from typing import Optional
@@ -37,6 +36,7 @@ from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.settings import Phase, Settings
 from bert_jax.train import probes as run_probes
 from bert_jax.train.probes import RunProbes
+from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.train.steps import TrainSteps, summarize
 
 
@@ -282,29 +282,6 @@ def _restart_rate(bar: tqdm, step: int) -> None:
   bar.reset()
   bar.initial = bar.n = bar.last_print_n = step
   bar.refresh()
-
-
-def with_stderr(ev: dict) -> dict:
-  """Eval metrics plus the binomial standard error sqrt(p(1-p)/n) of each accuracy."""
-  out = dict(ev)
-  for name in ("mlm", "nsp", "sop"):
-    if f"{name}_accuracy" not in ev:
-      continue  # no second task for config.objective 'mlm'
-    p, n = ev[f"{name}_accuracy"], ev.get(f"{name}_count", 0.0)
-    out[f"{name}_accuracy_stderr"] = math.sqrt(p * (1 - p) / n) if n > 0 else float("nan")
-  return out
-
-
-def describe_eval(ev: dict) -> str:
-  """Eval metrics as one line, each accuracy with its standard error."""
-  pm = lambda name: (f" ± {ev[f'{name}_accuracy_stderr']:.4f}"
-                     if f"{name}_accuracy_stderr" in ev else "")
-  heads = [t for t in ("nsp", "sop") if t + "_accuracy" in ev]  # none for objective 'mlm'
-  return (f"MLM accuracy {ev['mlm_accuracy']:.4f}{pm('mlm')} (best constant guess "
-          f"{ev['mlm_best_constant_accuracy']:.4f}), "
-          + "".join(f"{t.upper()} accuracy {ev[t + '_accuracy']:.4f}{pm(t)}, " for t in heads)
-          + f"MLM loss {ev['mlm_loss']:.4f}"
-          + "".join(f", {t.upper()} loss {ev[t + '_loss']:.4f}" for t in heads))
 
 
 def _train_metrics(pending: list) -> dict:

@@ -7,6 +7,7 @@ how a failed background write becomes one clear line.
 
 import dataclasses
 import functools
+import json
 import os
 from typing import Any, Optional, Sequence
 
@@ -16,9 +17,10 @@ import numpy as np
 from bert_jax import console
 from bert_jax.dist import sharding
 from bert_jax.io import checkpointing
-from bert_jax.errors import BertJaxError, CheckpointError, NonFiniteError
+from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError
 from bert_jax.model.config import BertConfig
-from bert_jax.settings import Phase
+from bert_jax.settings import Phase, Settings
 from bert_jax.train.steps import TrainSteps
 
 # May change between runs without changing the parameters.
@@ -83,6 +85,52 @@ def check_same_recipe(saved: dict, ours: dict, ckpt_dir: str) -> None:
       raise CheckpointError(
           f"--config.{field}={here!r}: checkpoint {ckpt_dir} was trained with {there!r}; "
           f"resume with --config.{field}={there!r} or use another --workdir")
+
+
+# What makes a run's corpus and vocabulary; the other data fields may change on resume.
+_DATA_IDENTITY = ("corpus", "format", "max_documents", "lowercase")
+_TRAINED_VOCAB = ("vocab_size", "vocab_sample_bytes")  # only when no vocab_file is given
+
+
+def _same_path(a, b) -> bool:
+  return a == b or (isinstance(a, str) and isinstance(b, str) and bool(a) and bool(b)
+                    and os.path.realpath(a) == os.path.realpath(b))
+
+
+def check_same_data(s: Settings, workdir: str) -> None:
+  """A workdir whose checkpoint was trained on another corpus or vocabulary is refused."""
+  meta = checkpointing.newest_meta(checkpoint_dir(workdir))
+  if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
+    check_same_recipe(meta["config"], json.loads(s.config_json), checkpoint_dir(workdir))
+  saved = ((meta or {}).get("config") or {}).get("data")
+  if not isinstance(saved, dict):
+    return  # no checkpoint (or one of an older version): nothing to compare
+  data = json.loads(s.config_json)["data"]
+  both_files = bool(saved.get("vocab_file")) and bool(data.get("vocab_file"))
+  fields = _DATA_IDENTITY + (() if both_files else ("vocab_file",)) + (
+      () if data.get("vocab_file") else _TRAINED_VOCAB)
+  differ = [k for k in fields if k in saved and not (
+      _same_path(saved[k], data.get(k)) if k == "corpus" else saved[k] == data.get(k))]
+  where = f"--workdir {workdir} holds a run"
+  if differ:
+    was = ", ".join(f"{k}={saved[k]!r}" for k in differ)
+    now = ", ".join(f"{k}={data.get(k)!r}" for k in differ)
+    raise ConfigError(
+        f"{where} on another corpus or vocabulary (its checkpoint has data {was}; this run "
+        f"asks for {now}); nothing was written: use another --workdir, or the original data "
+        "settings to resume it")
+  if both_files and isinstance(meta.get("vocab"), list):  # the files' tokens, wherever they are
+    theirs, ours = meta["vocab"], Tokenizer.from_vocab_file(data["vocab_file"],
+                                                           data["lowercase"]).vocab
+    if theirs != ours:
+      at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b),
+                min(len(theirs), len(ours)))
+      there, here = (repr(v[at]) if at < len(v) else "none" for v in (theirs, ours))
+      raise ConfigError(
+          f"{where} with another vocabulary ({len(theirs)} tokens, data.vocab_file "
+          f"{data['vocab_file']} has {len(ours)}; first difference at id {at}: {there} there, "
+          f"{here} here); nothing was written: use another --workdir, or the run's own "
+          "vocabulary")
 
 
 class RunCheckpoints:
