@@ -8,6 +8,7 @@ one `error: ...` line on stderr and exit status 2, nothing written; Ctrl-C is
 """
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -64,6 +65,12 @@ def join_negative_values(argv: list[str], flags: Sequence[str] = ("--layers",)) 
       out.append(argv[i])
       i += 1
   return out
+
+
+def write_json(path: str, obj, indent: int = 2) -> None:
+  """`obj` as JSON (NaN allowed), written atomically (write_atomic)."""
+  text = json.dumps(obj, indent=indent, allow_nan=True) + "\n"
+  write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def write_atomic(path: str, write: Callable) -> None:

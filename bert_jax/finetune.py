@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
   """Checks everything cheap first, so bad input fails before anything is written."""
   import jax  # after argument parsing: `--help` and flag errors stay fast
 
-  from bert_jax.eval import finetune, tasks
+  from bert_jax.eval import finetune, finetune_report, tasks
 
   recipe = finetune.Recipe(
       learning_rates=_floats("learning_rates", args.learning_rates),
@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> dict:
   log = lambda msg: print(msg, flush=True) if jax.process_index() == 0 else None
   log(tuner.describe())
   results = tuner.sweep(output_dir=output_dir, progress=False if args.no_progress else None)
-  log(finetune.format_table(results))
-  log(f"wrote {os.path.join(output_dir, finetune.RESULTS_FILE)} and TensorBoard events "
+  log(finetune_report.format_table(results))
+  log(f"wrote {os.path.join(output_dir, finetune_report.RESULTS_FILE)} and TensorBoard events "
       f"under {os.path.join(output_dir, 'runs')}")
   if args.save is not None:
     where = tuner.save(results, args.save, overwrite=args.overwrite)

@@ -16,15 +16,13 @@ Exit codes: 0 every step fits; 1 some step does not fit; 2 bad input (one
 `error: ...` line, nothing written).
 """
 
-import json
 import os
 import sys
-import tempfile
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import console, settings as settings_lib
+from bert_jax import cli as common, console, settings as settings_lib
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.train_cli import flag_error
 
@@ -35,20 +33,6 @@ flags.DEFINE_bool("search", True, "When a train step does not fit, search the la
                   "per-device batch and the config changes that fit (a few more compiles).")
 flags.DEFINE_bool("eval", True, "Also compile the eval step of each phase.")
 FLAGS = flags.FLAGS
-
-
-def _write_json(path: str, data: dict) -> None:
-  folder = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".plan-", suffix=".json")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(data, f, indent=1)
-      f.write("\n")
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
 
 
 def run_plan(config, topology_name: str = "", json_path: str = "", search: bool = True,
@@ -78,7 +62,7 @@ def run_plan(config, topology_name: str = "", json_path: str = "", search: bool 
                             search=search, log=console.log)
   print(plan_report.format_plan(plan), flush=True)
   if json_path:
-    _write_json(json_path, plan.to_dict())
+    common.write_json(json_path, plan.to_dict(), indent=1)
   return plan
 
 

@@ -17,7 +17,6 @@ bert_jax.eval.tasks. Bad input is one `error:` line, exit 2, nothing written.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -100,8 +99,7 @@ def _main(argv: list[str]) -> None:
   print(f"probe of {args.checkpoint}: {penalty}={result[penalty]:g} picked on held-out train, "
         f"{int(result['num_train'])} train examples, {result['seconds']:.1f} s", file=sys.stderr)
   if args.output is not None:
-    text = json.dumps(result, indent=2, sort_keys=True) + "\n"
-    common.write_atomic(args.output, lambda f: f.write(text.encode("utf-8")))
+    common.write_json(args.output, dict(sorted(result.items())))
     print(f"wrote {args.output}", file=sys.stderr)
 
 

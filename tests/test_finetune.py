@@ -11,7 +11,7 @@ import pytest
 
 from bert_jax import finetune as finetune_cli
 from bert_jax.io import checkpointing, convert
-from bert_jax.eval import classifier, finetune, tasks
+from bert_jax.eval import classifier, finetune, finetune_report, tasks
 from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import init_params
 from bert_jax.data.tokenizer import SPECIAL_TOKENS
@@ -155,7 +155,7 @@ def test_regression_reports_pearson_and_spearman(data, tmp_path):
   assert results["summary"]["best"]["dev"]["pearson"] == pytest.approx(np.median(scores))
   assert json.load(open(tmp_path / "results.json"))["summary"] == json.loads(
       json.dumps(results["summary"]))
-  assert "spearman" in finetune.format_table(results)
+  assert "spearman" in finetune_report.format_table(results)
 
 
 def _bad(argv, capsys, tmp_path):
@@ -225,7 +225,7 @@ def test_mnli_layout_pairs_two_dev_splits_bfloat16(data, tmp_path):
   assert all(0.0 <= m["accuracy"] <= 1.0 for m in metrics.values())
   assert np.isfinite(results["runs"][0]["train_loss"])
   assert results["summary"]["selection"] == {"split": "dev_matched", "metric": "accuracy"}
-  table = finetune.format_table(results)
+  table = finetune_report.format_table(results)
   assert "dev_matched accuracy" in table and "dev_mismatched accuracy" in table
   # Pairs use both segments: [CLS] A [SEP] B [SEP].
   assert max(max(s) for s in tuner.train_split.segments) == 1

@@ -24,11 +24,11 @@ metric on its first eval split is highest (MosaicBERT's and Cramming's
 report). Dev metrics after each epoch go to TensorBoard too, but only the
 last epoch's count (picking an epoch on dev would be tuning on dev).
 
-  from bert_jax.eval import finetune, tasks
+  from bert_jax.eval import finetune, finetune_report, tasks
   task = tasks.load_task("glue_data/SST-2")
   tuner = finetune.FineTuner.from_checkpoint("runs/base", task, finetune.Recipe())
   results = tuner.sweep(output_dir="finetune/sst2")   # results.json, TensorBoard events
-  print(finetune.format_table(results))
+  print(finetune_report.format_table(results))
   tuner.save(results, "sst2-model")    # the best run: python -m bert_jax.io.convert to-hf ...
 
 The command line is `python -m bert_jax.finetune` (bert_jax/finetune.py).
@@ -53,7 +53,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from bert_jax import console
+from bert_jax import cli as common, console
 from bert_jax.dist import sharding
 from bert_jax.features import extract as features, restore
 from bert_jax.io import checkpointing
@@ -63,9 +63,7 @@ from bert_jax.eval import metrics as metrics_lib
 from bert_jax.eval import tasks as tasks_lib
 from bert_jax.eval.classifier import SequenceClassifier, init_head
 from bert_jax.eval.finetune_data import Split, encode_split, pad_batch, plan_batches
-# format_table and RESULTS_FILE are re-exported for the command line.
-from bert_jax.eval.finetune_report import (RESULTS_FILE, RunResult, format_table,  # noqa: F401
-                                           run_name, summarize, write_json_atomic)
+from bert_jax.eval.finetune_report import RESULTS_FILE, RunResult, run_name, summarize
 from bert_jax.model.config import BertConfig
 from bert_jax.settings import OptimizerSettings
 from bert_jax.data.tokenizer import Tokenizer
@@ -394,7 +392,7 @@ class FineTuner:
       bar.close()
     results = self._results(runs, time.perf_counter() - started)
     if writes:
-      write_json_atomic(os.path.join(output_dir, RESULTS_FILE), results)
+      common.write_json(os.path.join(output_dir, RESULTS_FILE), results)
     return results
 
   def _results(self, runs: list[RunResult], seconds: float) -> dict:

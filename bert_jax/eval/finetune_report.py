@@ -7,11 +7,8 @@ the best learning rate.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -87,20 +84,6 @@ def format_table(results: dict) -> str:
       f"{sel['split']} {sel['metric']} over {len(results['recipe']['seeds'])} seed(s)): "
       + ", ".join(f"{s} {m} {best[s][m]:.4f}" for s, m in cols))
   return "\n".join(lines)
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-  tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                     f".{os.path.basename(path)}.tmp-{os.getpid()}")
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(obj, f, indent=2, allow_nan=True)
-      f.write("\n")
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
 
 
 def run_name(lr: float, seed: int) -> str:
