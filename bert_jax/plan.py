@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 from bert_jax import cli as common, console, settings as settings_lib
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.train_cli import flag_error
+from bert_jax.train_cli import flag_error, parse_flags
 
 flags.DEFINE_string("topology", "", "TPU slice to compile for (e.g. v4-8, v5e-16, v5p-8, "
                     "v6e-8, or libtpu's v4:2x2x1); '' = this machine's devices.")
@@ -79,15 +79,6 @@ def _main(argv):
   sys.exit(0 if plan.fits else 1)
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  try:
-    rest = FLAGS(argv)
-    getattr(FLAGS.config, "keys")  # a --config file that failed to load raises only when used
-    return rest
-  except (flags.Error, AttributeError, KeyError, OSError) as e:
-    flag_error(e)
-
-
 def main() -> None:
   """`bert-jax-plan`: the package's default config unless --config is given."""
   default = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_config.py")
@@ -96,7 +87,7 @@ def main() -> None:
                                     lock_config=True)
   except (AttributeError, KeyError) as e:
     flag_error(e)
-  app.run(_main, flags_parser=_parse_flags)
+  app.run(_main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,8 @@ flags.DEFINE_integer("distributed_timeout", 120,
 FLAGS = flags.FLAGS
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, bad flags and --config overrides as one `error:` line (flag_error)."""
   try:
     rest = FLAGS(argv)
     getattr(FLAGS.config, "keys")  # a --config file that failed to load raises only when used
@@ -168,7 +169,7 @@ def _config_fields(config, prefix: str = "") -> list[tuple[str, object]]:
 
 def _print_help(argv: list[str]) -> NoReturn:
   """--help: the flags, then every --config.* field with its value and meaning; exit 0."""
-  _parse_flags([argv[0]] + [a for a in argv[1:] if a not in _HELP_ARGS])
+  parse_flags([argv[0]] + [a for a in argv[1:] if a not in _HELP_ARGS])
   full = "--helpfull" in argv[1:]
   print(__doc__.strip().split("\n\n")[1] if not full else __doc__.strip())
   print("\nflags:")
@@ -189,7 +190,7 @@ def run(default_config: str, default_workdir: str) -> None:
   define_flags(default_config, default_workdir)
   if any(a in _HELP_ARGS for a in sys.argv[1:]):
     _print_help(sys.argv)
-  app.run(_main, flags_parser=_parse_flags)
+  app.run(_main, flags_parser=parse_flags)
 
 
 def main() -> None:
