@@ -72,23 +72,10 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module", autouse=True)
 def compile_cache(base):
-  """A persistent XLA cache for this module only, shared with its train.py runs.
-
-  Most runs here compile the same programs; compiling dominates a tiny run.
-  Restored afterwards so other test modules are unaffected.
-  """
-  from jax._src import compilation_cache
-  settings = {"jax_compilation_cache_dir": str(base / "xla_cache"),
-              "jax_persistent_cache_min_compile_time_secs": 0,
-              "jax_persistent_cache_min_entry_size_bytes": -1}
-  before = {k: getattr(jax.config, k) for k in settings}
-  for k, v in settings.items():
-    jax.config.update(k, v)
-  compilation_cache.reset_cache()
-  yield str(base / "xla_cache")
-  for k, v in before.items():
-    jax.config.update(k, v)
-  compilation_cache.reset_cache()
+  """A persistent XLA cache for this module only, shared with its train.py runs
+  (compiling dominates a tiny run); restored afterwards for the other modules."""
+  with soak_kill.in_process_compile_cache(str(base / "xla_cache")) as cache_dir:
+    yield cache_dir
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ three ways:
 """
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ from bert_jax.train import init_from
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.trainer import train_and_evaluate
 from test_source_check import RUN_FIELDS, run_config, write_source
+from test_workdir_reuse import snapshot
 from tools import soak_kill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +62,7 @@ runpy.run_path({train!r}, run_name="__main__")
 NAMESPACE_DRIVER = r"""
 import errno, json, os, shutil, subprocess, sys
 sys.path.insert(0, {tests!r})
-from test_full_disk import snapshot
+from test_workdir_reuse import snapshot
 args = json.loads(sys.argv[1])
 mnt = args["mnt"]
 if args["mode"] == "full":
@@ -87,19 +87,6 @@ proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
 print(json.dumps({{"rc": proc.returncode, "stderr": proc.stderr, "before": before,
                   "after": snapshot(workdir)}}))
 """
-
-
-def snapshot(workdir: str) -> dict:
-  """Every file and folder under the workdir, with the hash of each file."""
-  out = {}
-  for d, dirs, files in os.walk(workdir):
-    for name in dirs:
-      out[os.path.relpath(os.path.join(d, name), workdir)] = "dir"
-    for name in files:
-      path = os.path.join(d, name)
-      with open(path, "rb") as f:
-        out[os.path.relpath(path, workdir)] = hashlib.sha256(f.read()).hexdigest()
-  return out
 
 
 def _errors(stderr: str) -> list:

@@ -33,7 +33,7 @@ def _config(**data):
   return c
 
 
-def _snapshot(workdir: str) -> dict:
+def snapshot(workdir: str) -> dict:
   """Every file and folder under the workdir, with the hash of each file."""
   out = {}
   for d, dirs, files in os.walk(workdir):
@@ -58,25 +58,25 @@ def toy_workdir(tmp_path_factory):
                                   {"vocab_size": 512}],
                          ids=["another_corpus", "another_vocab_size"])
 def test_another_corpus_or_vocabulary_is_one_line_and_writes_nothing(toy_workdir, data):
-  before = _snapshot(toy_workdir)
+  before = snapshot(toy_workdir)
   with pytest.raises(ConfigError, match="holds a run on another corpus or vocabulary") as e:
     train_and_evaluate(_config(**data), toy_workdir)
   message = str(e.value)
   assert "\n" not in message and "use another --workdir" in message
   assert all(k in message for k in data), message  # names the fields that differ
-  assert _snapshot(toy_workdir) == before
+  assert snapshot(toy_workdir) == before
 
 
 def test_the_same_corpus_spelled_another_way_resumes(toy_workdir, monkeypatch):
   monkeypatch.chdir(ROOT)
-  before = _snapshot(toy_workdir)
+  before = snapshot(toy_workdir)
   ev = train_and_evaluate(_config(corpus="./data/../data/corpus.txt"), toy_workdir)
   assert "mlm_accuracy" in ev  # the stored final eval: the run is complete
-  assert _snapshot(toy_workdir) == before
+  assert snapshot(toy_workdir) == before
 
 
 def test_cli_prints_one_error_line_and_exits_2(toy_workdir):
-  before = _snapshot(toy_workdir)
+  before = snapshot(toy_workdir)
   flags = ["--config.model.hidden_size=32", "--config.model.intermediate_size=64",
            "--config.train.batch_size=16", "--config.train.num_steps=4",
            "--config.train.seq_lens=(32,)", "--config.train.max_predictions=(5,)",
@@ -89,7 +89,7 @@ def test_cli_prints_one_error_line_and_exits_2(toy_workdir):
   errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and "another corpus or vocabulary" in errors[0], proc.stderr[-2000:]
   assert "corpus='builtin'" in errors[0] and "Preparing" not in proc.stdout + proc.stderr
-  assert _snapshot(toy_workdir) == before
+  assert snapshot(toy_workdir) == before
 
 
 def test_a_vocabulary_of_another_size_is_named_as_such_not_as_a_config_value():
@@ -127,7 +127,7 @@ def test_a_vocab_file_is_compared_by_its_tokens_not_its_path(tmp_path, monkeypat
 
 @pytest.mark.parametrize("field, value", [("objective", "mlm"), ("train.optimizer", "lamb")])
 def test_another_objective_or_optimizer_is_refused_before_preparing(toy_workdir, field, value):
-  before = _snapshot(toy_workdir)
+  before = snapshot(toy_workdir)
   c = _config()
   *parents, name = field.split(".")
   node = c
@@ -137,4 +137,4 @@ def test_another_objective_or_optimizer_is_refused_before_preparing(toy_workdir,
   with pytest.raises(BertJaxError, match=f"--config.{field}={value!r}") as e:
     train_and_evaluate(c, toy_workdir)
   assert "\n" not in str(e.value)
-  assert _snapshot(toy_workdir) == before  # nothing prepared for the other objective
+  assert snapshot(toy_workdir) == before  # nothing prepared for the other objective

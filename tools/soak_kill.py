@@ -18,6 +18,7 @@ Not part of CI; tests/test_faults.py runs one short trial.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -143,6 +144,30 @@ def subprocess_env(compile_cache: Optional[str] = None) -> dict:
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
   return env
+
+
+@contextlib.contextmanager
+def in_process_compile_cache(cache_dir: str):
+  """JAX's persistent compilation cache in `cache_dir` for this process, restored after.
+
+  The tests' runs compile the same programs again and again; with the cache (and
+  `subprocess_env(cache_dir)` for their train.py runs) each is compiled once.
+  """
+  import jax  # only here: the parent of the runs needs no JAX otherwise
+  from jax._src import compilation_cache
+  values = {"jax_compilation_cache_dir": cache_dir,
+            "jax_persistent_cache_min_compile_time_secs": 0,
+            "jax_persistent_cache_min_entry_size_bytes": -1}
+  before = {k: getattr(jax.config, k) for k in values}
+  for k, v in values.items():
+    jax.config.update(k, v)
+  compilation_cache.reset_cache()
+  try:
+    yield cache_dir
+  finally:
+    for k, v in before.items():
+      jax.config.update(k, v)
+    compilation_cache.reset_cache()
 
 
 def complete_steps(workdir: str) -> list[int]:
