@@ -1,9 +1,8 @@
 """The training loop: phases of steps, logging, periodic eval and checkpoints, stops.
 
-Rates are measured over synchronised intervals: at each log point the loop
-waits for the last step's metrics before reading the clock, so steps/s times
-the steps of an interval is its wall time. The first step of a phase (its
-compilation) and evaluations are timed apart. Between log points at most
+Rates are measured over synchronised intervals (train/throughput.py): the
+first step of a phase (its compilation) and evaluations are timed apart.
+Between log points at most
 `_MAX_IN_FLIGHT` steps are queued on the device, so the progress bar follows
 the steps as they finish instead of stalling at every log point.
 
@@ -27,7 +26,6 @@ from tqdm import tqdm
 from bert_jax import console
 from bert_jax.data import input_pipeline
 from bert_jax.dist import sharding
-from bert_jax.model import flops
 from bert_jax.data.dataset import Prepared
 from bert_jax.errors import NonFiniteError, Preempted
 from bert_jax.train.preemption import StopSignals
@@ -38,6 +36,7 @@ from bert_jax.train import probes as run_probes
 from bert_jax.train.probes import RunProbes
 from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.train.steps import TrainSteps, summarize
+from bert_jax.train.throughput import Interval, Throughput
 
 
 class TrainLoop:
@@ -49,68 +48,20 @@ class TrainLoop:
     self.s, self.steps, self.ckpts, self.prepared = settings, steps, ckpts, prepared
     self.reporter, self.signals, self.state = reporter, signals, state
     self.probes = probes  # config.probe.tasks: probed after every evaluation
-    self.device_kind = jax.devices()[0].device_kind
-    self.peak = flops.peak_flops(self.device_kind)  # per device; None: unknown (CPU)
+    self.throughput = Throughput(settings, steps.bert_config, jax.devices()[0].device_kind,
+                                 jax.device_count())
     self.compile_s: dict[int, float] = {}  # phase index -> time of its first step
     self.eval_s = 0.0
-    self.totals = collections.Counter()  # timed steps, seconds, sequences, tokens, FLOPs
     self._evals: list[tuple[float, float]] = []  # (eval loss, latest train loss)
     self._last_train_loss = float("nan")
     self._warned_overfit = False
 
-  def flops_per_step(self, phase: Phase) -> float:
-    c = self.steps.bert_config
-    return flops.model_flops(c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
-                             "train", self.s.train.batch_size, phase.seq_len,
-                             phase.max_predictions)
-
-  def rates(self, seconds: float, n_steps: int, real_tokens: float, phase: Phase) -> dict:
-    """Throughput of `n_steps` steps of `phase` that took `seconds` (synchronised)."""
-    B = self.s.train.batch_size
-    if n_steps <= 0 or seconds <= 0:
-      return {}
-    step_flops = self.flops_per_step(phase)
-    t = self.totals
-    t["steps"] += n_steps
-    t["seconds"] += seconds
-    t["sequences"] += n_steps * B
-    t["tokens"] += n_steps * B * phase.seq_len
-    t["real_tokens"] += real_tokens
-    t["flops"] += n_steps * step_flops
-    out = {"steps_per_sec": n_steps / seconds, "sequences_per_sec": n_steps * B / seconds,
-           "tokens_per_sec": n_steps * B * phase.seq_len / seconds,
-           "real_tokens_per_sec": real_tokens / seconds,
-           "model_flops_per_sec": n_steps * step_flops / seconds}
-    if self.peak:
-      out["mfu"] = out["model_flops_per_sec"] / (self.peak * jax.device_count())
-    return out
-
-  def throughput_note(self) -> str:
-    """The start-up line: FLOPs per sequence, and the peak MFU is measured against."""
-    per_seq = ", ".join(f"{self.flops_per_step(ph) / self.s.train.batch_size / 1e9:.3g} "
-                        f"GFLOP per sequence at length {ph.seq_len}"
-                        for ph in self.s.train.phases)
-    if self.peak:
-      return (f"throughput: {per_seq} (model FLOPs, 3x forward); MFU against the dense bfloat16 "
-              f"peak of {jax.device_count()} x {self.device_kind} "
-              f"({self.peak / 1e12:.0f} TFLOP/s each)")
-    return (f"throughput: {per_seq} (model FLOPs, 3x forward); MFU left out: no known peak "
-            f"FLOP/s for device kind {self.device_kind!r}")
-
   def summary(self) -> Optional[str]:
     """The end-of-run line: average rates of this session's timed steps, compile times."""
-    t = self.totals
-    if not t["steps"] and not self.compile_s:
+    rates = self.throughput.summary()
+    if rates is None and not self.compile_s:
       return None
-    parts = []
-    if t["steps"]:
-      sec = t["seconds"]
-      parts.append(
-          f"{int(t['steps'])} steps in {sec:.1f} s: {t['steps'] / sec:.2f} steps/s, "
-          f"{t['sequences'] / sec:.1f} sequences/s, {t['tokens'] / sec:.0f} tokens/s "
-          f"({t['real_tokens'] / sec:.0f} real), {t['flops'] / sec / 1e12:.3g} model TFLOP/s"
-          + (f", MFU {t['flops'] / sec / (self.peak * jax.device_count()):.1%}"
-             if self.peak else ""))
+    parts = [rates] if rates else []
     parts.append("compile (first step) " + ", ".join(
         f"phase {i} {sec:.1f} s" for i, sec in sorted(self.compile_s.items())))
     if self.eval_s:
@@ -169,7 +120,7 @@ class TrainLoop:
   def train(self) -> None:
     run, st = self.s.run, self.state
     if st.step < self.s.train.num_steps:
-      console.log(self.throughput_note())
+      console.log(self.throughput.note())
     bar = tqdm(total=self.s.train.num_steps, initial=st.step, unit="step", dynamic_ncols=True,
                smoothing=0.05, disable=not run.progress_bar or jax.process_index() != 0)
     try:
@@ -183,31 +134,26 @@ class TrainLoop:
     if (line := self.summary()) is not None:
       console.log(line)
 
-  # long: the hot loop; its timing, logging, checkpoint and eval points share local state
   def _train_phase(self, phase: Phase, bar: tqdm) -> None:
-    run, st, B = self.s.run, self.state, self.s.train.batch_size
-    num_steps = self.s.train.num_steps
+    st = self.state
     # A run restored inside this phase continues at the data position it saved; one
     # restored exactly at the phase's start (a checkpoint at the previous phase's last
     # step holds that phase's position) starts at batch 0.
-    start_batch = st.position if st.step > phase.start else 0
     it = input_pipeline.TrainIterator(
-        self.prepared.train[phase.seq_len], B, seed=run.seed + phase.index,
-        process_index=jax.process_index(), process_count=jax.process_count(),
-        start_batch=start_batch)
+        self.prepared.train[phase.seq_len], self.s.train.batch_size,
+        seed=self.s.run.seed + phase.index, process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        start_batch=st.position if st.step > phase.start else 0)
     step_fn = self.steps.train_step_fn(phase.max_predictions)
     console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
                 f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
     pending, in_flight = [], collections.deque()
-    # The interval being timed: its start, its first step, seconds already counted
-    # (before an evaluation), real tokens (this host's, times the hosts: an estimate
-    # on several hosts, exact on one).
-    t_last, n_last, elapsed, real = time.perf_counter(), st.step, 0.0, 0.0
-    first = True
+    interval, first = Interval(st.step), True
     with it:
       while st.step < phase.end:
         local = next(it)
-        real += float(np.sum(local.input_mask_BxL)) * jax.process_count()
+        # This host's real tokens times the hosts: an estimate on several hosts, exact on one.
+        interval.real_tokens += float(np.sum(local.input_mask_BxL)) * jax.process_count()
         batch = sharding.global_batch(local, self.steps.mesh)
         st.params, st.opt_state, metrics = step_fn(
             st.params, st.opt_state, jnp.int32(st.step), batch)
@@ -215,46 +161,52 @@ class TrainLoop:
         pending.append(metrics)
         if first:  # compiles: timed on its own, left out of the rates
           jax.block_until_ready(metrics)
-          now = time.perf_counter()
-          self.compile_s[phase.index] = now - t_last
-          t_last, n_last, real, first = now, st.step, 0.0, False
+          self.compile_s[phase.index] = time.perf_counter() - interval.start
+          interval.restart(st.step)
+          first = False
           _restart_rate(bar, st.step)  # the bar's rate and estimate leave the compile out
         else:
           in_flight.append(metrics)
           if len(in_flight) > _MAX_IN_FLIGHT:
             jax.block_until_ready(in_flight.popleft())
           bar.update(1)
-        if st.step % run.log_every == 0 or st.step == phase.end:
+        if st.step % self.s.run.log_every == 0 or st.step == phase.end:
           jax.block_until_ready(metrics)  # the clock is read when the steps are done
-          now = time.perf_counter()
           in_flight.clear()
-          m = _train_metrics(pending) | self.rates(elapsed + now - t_last, st.step - n_last,
-                                                   real, phase)
-          pending, t_last, n_last, elapsed, real = [], now, st.step, 0.0, 0.0
-          self._last_train_loss = m["loss"]
-          self.reporter.write("train", st.step, m)
-          post = {"loss": f"{m['loss']:.3f}", "mlm_acc": f"{m['mlm_accuracy']:.3f}"}
-          post |= {f"{t}_acc": f"{m[t + '_accuracy']:.3f}" for t in ("nsp", "sop")
-                   if t + "_accuracy" in m}  # none for config.objective 'mlm'
-          if "sequences_per_sec" in m:
-            post["seq_s"] = f"{m['sequences_per_sec']:.0f}"
-          if "mfu" in m:
-            post["mfu"] = f"{m['mfu']:.1%}"
-          bar.set_postfix(post)
-          self._check_nonfinite(m["nonfinite_streak"])
-        if st.step % run.checkpoint_every == 0 or st.step == num_steps:
+          self._log_train(phase, bar, pending, interval)
+          pending = []
+        if st.step % self.s.run.checkpoint_every == 0 or st.step == self.s.train.num_steps:
           self.ckpts.save(st, phase, it.position)
         self.stop_if_requested(phase=phase, position=it.position)
-        if st.step % run.eval_every == 0 and st.step < num_steps:
+        if st.step % self.s.run.eval_every == 0 and st.step < self.s.train.num_steps:
           jax.block_until_ready(metrics)  # training time so far; the eval is timed apart
-          elapsed += time.perf_counter() - t_last
           in_flight.clear()
-          ev = self._after_eval(self.evaluate(phase))
-          self.reporter.write("eval", st.step, ev)
-          console.log(f"eval @ {st.step}: {describe_eval(ev)}")
-          self.probe(st.step)
-          t_last = time.perf_counter()
+          interval.pause()
+          self._eval_point(phase)
+          interval.resume()
           bar.unpause()  # nor does an evaluation or a probe count as time per step
+
+  def _log_train(self, phase: Phase, bar: tqdm, pending: list, interval: Interval) -> None:
+    """Writes the interval's train metrics and rates; updates the bar; checks NaN streaks."""
+    step = self.state.step
+    m = _train_metrics(pending) | self.throughput.rates(*interval.close(step), phase)
+    self._last_train_loss = m["loss"]
+    self.reporter.write("train", step, m)
+    post = {"loss": f"{m['loss']:.3f}", "mlm_acc": f"{m['mlm_accuracy']:.3f}"}
+    post |= {f"{t}_acc": f"{m[t + '_accuracy']:.3f}" for t in ("nsp", "sop")
+             if t + "_accuracy" in m}  # none for config.objective 'mlm'
+    if "sequences_per_sec" in m:
+      post["seq_s"] = f"{m['sequences_per_sec']:.0f}"
+    if "mfu" in m:
+      post["mfu"] = f"{m['mfu']:.1%}"
+    bar.set_postfix(post)
+    self._check_nonfinite(m["nonfinite_streak"])
+
+  def _eval_point(self, phase: Phase) -> None:
+    ev = self._after_eval(self.evaluate(phase))
+    self.reporter.write("eval", self.state.step, ev)
+    console.log(f"eval @ {self.state.step}: {describe_eval(ev)}")
+    self.probe(self.state.step)
 
   def _check_nonfinite(self, streak: float) -> None:
     limit = self.s.train.max_consecutive_nonfinite
