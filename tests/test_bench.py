@@ -111,3 +111,46 @@ def test_profile_script_attributes_op_time_to_model_parts():
   assert abs(sum(shares.values()) - 100.0) < 0.5
   for part in ("MLM head + loss", "attention", "feed-forward", "optimizer"):
     assert shares.get(part, 0.0) > 0.0, shares
+
+
+def _mini_case():
+  from tools import cases
+  return cases.Case("t", "train", "tiny", 2, 32, 5), bench.ModelSize(2, 64, 2, 128, 500, "float32")
+
+
+def test_the_masked_head_torch_peer_computes_the_shipped_loss():
+  torch = pytest.importorskip("torch")
+  from transformers import BertForPreTraining
+  from tools import cases, peers
+  case, size = _mini_case()
+  torch.manual_seed(0)
+  model = BertForPreTraining(peers._hf_config(size)).eval()  # no dropout: one loss
+  b = {k: torch.from_numpy(v.astype("int64")) for k, v in cases.make_batch(case, 500).items()}
+  with torch.no_grad():
+    shipped, masked = (float(peers.torch_loss(model, b, m)) for m in (False, True))
+  assert masked == pytest.approx(shipped, rel=1e-5)
+
+
+def test_the_masked_head_flax_peer_computes_the_shipped_loss():
+  pytest.importorskip("transformers")
+  from transformers import FlaxBertForPreTraining
+  from tools import peers
+  case, size = _mini_case()
+  model = FlaxBertForPreTraining(peers._hf_config(size), seed=0, _do_init=False)
+  params = model.init_weights(jax.random.key(0), (1, 8))
+  key = jax.random.key(1)
+  shipped = peers.flax_loss(model, params, peers.flax_batch(case, 500, False), key, False, False)
+  masked = peers.flax_loss(model, params, peers.flax_batch(case, 500, True), key, True, False)
+  assert float(masked) == pytest.approx(float(shipped), rel=1e-5)
+
+
+def test_bf16_peers_run_where_bf16_dots_are_native_and_masked_heads_only_on_train_cases():
+  from tools import cases
+  cases_ = [cases.find("train_small_128"), cases.find("features_base_128")]
+  native = {(j.case, j.impl, j.dtype) for j in bench.plan(cases_, bench.IMPLS, bf16=True)}
+  assert ("train_small_128", "hf_torch_masked", "bfloat16") in native
+  assert ("features_base_128", "hf_torch", "bfloat16") in native
+  assert ("train_small_128", "ours", "bfloat16") in native
+  assert not any(i.endswith("_masked") and c.startswith("features") for c, i, _ in native)
+  emulated = {(j.case, j.impl, j.dtype) for j in bench.plan(cases_, bench.IMPLS, bf16=False)}
+  assert not any(d == "bfloat16" and i != "ours" for _, i, d in emulated)

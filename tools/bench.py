@@ -49,8 +49,12 @@ README_BLOCK = "bench"  # the benchmark table's block (tools/readme_block.py)
 README_PATH = "docs/performance.md"
 _RESULT_TAG = "BENCH_RESULT "  # a worker's one JSON line on stdout starts with this
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
-IMPLS = ("ours", "hf_flax", "hf_torch")
-IMPL_NAMES = {"ours": "bert-jax", "hf_flax": "HF Flax", "hf_torch": "HF PyTorch"}
+# "_masked": the peer's train step with its MLM head on the masked positions only (what a
+# skilled user writes; `tools.peers`); train cases only.
+IMPLS = ("ours", "hf_flax", "hf_torch", "hf_flax_masked", "hf_torch_masked")
+PEERS = IMPLS[1:]
+IMPL_NAMES = {"ours": "bert-jax", "hf_flax": "HF Flax", "hf_torch": "HF PyTorch",
+              "hf_flax_masked": "HF Flax, masked head", "hf_torch_masked": "HF PyTorch, masked head"}
 
 
 def _quick(case: Case) -> Case:
@@ -92,7 +96,7 @@ def _run_prepare(quick: bool) -> dict:
 @dataclasses.dataclass(frozen=True)
 class Job:
   case: str  # a Case name
-  impl: str  # 'ours' | 'hf_flax' | 'hf_torch'
+  impl: str  # one of IMPLS
   dtype: str
 
 
@@ -108,10 +112,14 @@ def run_job(job: Job, quick: bool, warmup: int, steps: int, peak_n: int = 0) -> 
   if quick:
     case = _quick(case)
   size = _size(case, quick)
-  framework = "torch" if job.impl == "hf_torch" else "jax"
+  framework = "torch" if job.impl.startswith("hf_torch") else "jax"
   peak = measure.matmul_peak(framework, job.dtype, peak_n)
-  run = {"ours": _run_ours, "hf_flax": peers.run_hf_flax, "hf_torch": peers.run_hf_torch}[job.impl]
-  return {**run(case, size, job.dtype, warmup, steps), "matmul_peak": {
+  if job.impl == "ours":
+    raw = _run_ours(case, size, job.dtype, warmup, steps)
+  else:
+    run = peers.run_hf_torch if framework == "torch" else peers.run_hf_flax
+    raw = run(case, size, job.dtype, warmup, steps, masked=job.impl.endswith("_masked"))
+  return {**raw, "matmul_peak": {
       k: peak[k] for k in ("framework", "dtype", "n", "flops_per_s", "min_s", "max_s")}}
 
 
@@ -150,23 +158,36 @@ def peers_available() -> dict[str, Optional[str]]:
   """impl -> None if importable, else why not (peers are optional)."""
   out: dict[str, Optional[str]] = {"ours": None}
   has_tf = importlib.util.find_spec("transformers") is not None
-  out["hf_flax"] = None if has_tf else "transformers is not installed"
+  out["hf_flax"] = out["hf_flax_masked"] = None if has_tf else "transformers is not installed"
   if not has_tf:
     out["hf_torch"] = "transformers is not installed"
   else:
     out["hf_torch"] = (None if importlib.util.find_spec("torch") is not None
                        else "torch is not installed")
+  out["hf_torch_masked"] = out["hf_torch"]
   return out
 
 
-def plan(cases: Sequence[Case], impls: Sequence[str], all_dtypes: bool = False) -> list[Job]:
+def native_bf16() -> bool:
+  """Whether this machine's dots run bf16 natively: a GPU/TPU, or a CPU with AMX or AVX-512 BF16."""
+  from bert_jax.model import precision  # the one reader of /proc/cpuinfo
+  return jax.devices()[0].platform != "cpu" or bool(
+      {"amx_bf16", "avx512_bf16"} & precision.cpu_flags())
+
+
+def plan(cases: Sequence[Case], impls: Sequence[str], all_dtypes: bool = False,
+         bf16: Optional[bool] = None) -> list[Job]:
   """Every (case, impl, dtype) to run.
 
-  Everybody runs in float32 (the peers' default). Ours also runs in its
-  config's dtype where that differs (BERT-Base: bfloat16) on the mixed
-  precision case, train_base_128, or on every case with `all_dtypes`; the
-  full run must fit in 25 minutes on 2 cores.
+  Everybody runs in float32 (the peers' default); masked-head peers only on
+  train cases. Ours also runs in its config's dtype where that differs
+  (BERT-Base: bfloat16) on the mixed precision case, train_base_128, or on
+  every case with `all_dtypes`. Where bf16 dots are native (`bf16`, default:
+  `native_bf16()`), ours and the PyTorch peers also run in bfloat16 on every
+  case (PyTorch under `torch.autocast`): the peer a skilled user would pick
+  there. Without it the full run must fit in 25 minutes on 2 cores.
   """
+  bf16 = native_bf16() if bf16 is None else bf16
   jobs = []
   sizes = model_sizes()
   for case in cases:
@@ -175,9 +196,13 @@ def plan(cases: Sequence[Case], impls: Sequence[str], all_dtypes: bool = False) 
       continue
     default = sizes[case.model].default_dtype
     for impl in impls:
-      if impl == "ours" and default != "float32" and (
-          all_dtypes or case.name == "train_base_128"):
-        jobs.append(Job(case.name, impl, default))
+      if impl.endswith("_masked") and case.kind != "train":
+        continue  # no MLM head in feature extraction
+      if impl == "ours" and (bf16 or default != "float32" and (
+          all_dtypes or case.name == "train_base_128")):
+        jobs.append(Job(case.name, impl, "bfloat16" if bf16 else default))
+      elif bf16 and impl.startswith("hf_torch"):
+        jobs.append(Job(case.name, impl, "bfloat16"))
       jobs.append(Job(case.name, impl, "float32"))
   return jobs
 
@@ -204,13 +229,15 @@ def derive(job: Job, raw: dict, quick: bool) -> dict:
 
 
 def add_ratios(rows: list[dict]) -> None:
-  """ours/peer throughput ratios (same case, same batch) on every 'ours' row."""
+  """ours/peer throughput ratios (same case and batch) on every 'ours' row: against the
+  peer row of the same dtype, else (ours in bf16, the peer in float32 only) its float32 row."""
   for row in rows:
     if row["impl"] != "ours" or "tokens_per_s" not in row:
       continue
-    for peer in ("hf_flax", "hf_torch"):
+    for peer in PEERS:
       other = [r for r in rows if r["case"] == row["case"] and r["impl"] == peer
                and "tokens_per_s" in r]
+      other.sort(key=lambda r: r["dtype"] != row["dtype"])  # the same dtype first
       if other:
         row[f"ratio_vs_{peer}"] = row["tokens_per_s"] / other[0]["tokens_per_s"]
 
@@ -255,10 +282,11 @@ def _si(x: Optional[float]) -> str:
 def markdown(result: dict) -> str:
   """The results table, the ratios, the machine and the command, as markdown."""
   rows, m = result["rows"], result["machine"]
+  peers_shown = [p for p in PEERS if any(r["impl"] == p for r in rows)]
   lines = ["| case | implementation | dtype | B×L | step ms: median (min–max) | seq/s | "
            "tokens/s | model FLOP/s | matmul peak FLOP/s | MFU | compile s | peak mem MiB | "
-           "ours ÷ HF Flax | ours ÷ HF PyTorch |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           + "".join(f"ours ÷ {IMPL_NAMES[p]} | " for p in peers_shown).rstrip(),
+           "| --- " * (12 + len(peers_shown)) + "|"]
   for r in rows:
     if r["case"] == "prepare":
       continue
@@ -268,7 +296,7 @@ def markdown(result: dict) -> str:
     bxl = f"{r.get('batch', '')}×{r.get('seq_len', '')}"
     if "error" in r:
       lines.append(f"| {r['case']} | {name} | {r['dtype']} | {bxl} | error: {r['error']} "
-                   "| | | | | | | | | |")
+                   + "| " * (7 + len(peers_shown)) + "|")
       continue
     lines.append(
         f"| {r['case']} | {name} | {r['dtype']} | {bxl} | "
@@ -277,7 +305,7 @@ def markdown(result: dict) -> str:
         f"{_si(r['model_flops_per_s'])} | {_si(r['matmul_peak']['flops_per_s'])} "
         f"({r['matmul_peak']['framework']}) | {100 * r['mfu']:.0f}% | "
         f"{r['compile_s']:.1f} | {r['peak_mem_bytes'] / 2**20:.0f} | "
-        f"{_fmt(r.get('ratio_vs_hf_flax'), '.2f')} | {_fmt(r.get('ratio_vs_hf_torch'), '.2f')} |")
+        + "".join(f"{_fmt(r.get(f'ratio_vs_{p}'), '.2f')} | " for p in peers_shown).rstrip())
   for r in rows:
     if r["case"] == "prepare":
       if "error" in r:
@@ -294,6 +322,8 @@ def markdown(result: dict) -> str:
   lines += [
       "",
       f"Machine: {m['cpu']}, {m['cores']} cores, GPU: {m['gpu'] or 'none'}. "
+      "PyTorch bfloat16 rows run under `torch.autocast`; a masked head computes the MLM "
+      "logits on the masked positions only (ours always does). "
       "Matmul peak: a jitted `jnp.dot` (jax rows) or `torch.mm` (PyTorch rows) of two "
       f"{result['peak_n']}² matrices in the row's dtype, median of 10, timed in the row's "
       "worker just before it; MFU = model FLOP/s ÷ that peak.",
@@ -413,7 +443,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
     if not impls or any(i not in IMPLS for i in impls) or "ours" not in impls:
       raise ConfigError(f"--impls={args.impls!r}: expected 'ours' plus any of "
-                        f"{list(IMPLS[1:])}, comma-separated")
+                        f"{list(PEERS)}, comma-separated")
     if steps < 1 or warmup < 0:
       raise ConfigError(f"--steps={steps} --warmup={warmup}: expected steps >= 1, warmup >= 0")
     if args.readme:  # fail before the (long) run, not after it

@@ -4,6 +4,15 @@ Each runner builds the same model size as ours from the same batch
 (`cases.make_batch`) and returns the timing dict `tools.bench` reads.
 transformers and torch are optional: imported inside the runners, which
 `tools.bench` only calls when they are installed.
+
+Two forms of each train step: as shipped (`BertForPreTraining` computes the MLM
+head's vocabulary logits at every position, and the loss keeps the masked ones),
+and `masked=True`, what a skilled user writes for speed: the encoder and pooler,
+then the MLM head on the masked positions only (as ours does). PyTorch's reduced
+precision is `torch.autocast(dtype=torch.bfloat16)`, its standard mixed precision;
+HF Flax's is the model's `dtype` argument.
+
+Shape legend: B batch, L sequence length, P masked positions per sequence, H hidden.
 """
 
 from __future__ import annotations
@@ -32,12 +41,59 @@ def _hf_config(size: ModelSize, dropout: bool = True):
       layer_norm_eps=1e-12, hidden_act="gelu")
 
 
-def run_hf_flax(case: Case, size: ModelSize, dtype: str, warmup: int, steps: int) -> dict:
+def _masked_positions(labels_BxL: np.ndarray) -> np.ndarray:
+  """[B, P] positions of the predicted tokens (`cases.make_batch` masks P per sequence)."""
+  rows, cols = np.nonzero(labels_BxL >= 0)
+  return cols.reshape(labels_BxL.shape[0], -1).astype(np.int32)
+
+
+def _flax_masked_logits(module, b, deterministic: bool):
+  """FlaxBertForPreTraining's forward with the MLM head on the masked positions only."""
+  ids_BxL = b["masked_ids"]
+  B, L = ids_BxL.shape
+  out = module.bert(ids_BxL, b["input_mask"], b["segment_ids"],
+                    jnp.broadcast_to(jnp.arange(L), (B, L)), None,
+                    deterministic=deterministic, return_dict=True)
+  h_BxPxH = jnp.take_along_axis(out.last_hidden_state, b["positions_BxP"][..., None], axis=1)
+  shared = module.bert.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
+  return module.cls(h_BxPxH, out.pooler_output, shared_embedding=shared)
+
+
+def flax_loss(model, params, b: dict, key, masked: bool, train: bool = True):
+  """MLM (mean over masked positions) + NSP loss of FlaxBertForPreTraining."""
+  if masked:
+    mlm_logits, nsp_logits = model.module.apply(
+        {"params": params}, b, not train, method=_flax_masked_logits, rngs={"dropout": key})
+    labels = b["labels_BxP"]
+  else:
+    out = model(b["masked_ids"], attention_mask=b["input_mask"],
+                token_type_ids=b["segment_ids"], params=params, train=train, dropout_rng=key)
+    mlm_logits, nsp_logits = out.prediction_logits, out.seq_relationship_logits
+    labels = b["mlm_labels"]
+  w = (labels >= 0).astype(jnp.float32)
+  nll = optax.softmax_cross_entropy_with_integer_labels(
+      mlm_logits.astype(jnp.float32), jnp.maximum(labels, 0))
+  mlm = (nll * w).sum() / jnp.maximum(w.sum(), 1.0)
+  nsp = optax.softmax_cross_entropy_with_integer_labels(
+      nsp_logits.astype(jnp.float32), b["next_sentence_label"]).mean()
+  return mlm + nsp
+
+
+def flax_batch(case: Case, vocab_size: int, masked: bool) -> dict:
+  host = cases.make_batch(case, vocab_size)
+  if masked:
+    host["positions_BxP"] = _masked_positions(host["mlm_labels"])
+    host["labels_BxP"] = np.take_along_axis(host["mlm_labels"], host["positions_BxP"], axis=1)
+  return {k: jax.device_put(v) for k, v in host.items()}
+
+
+def run_hf_flax(case: Case, size: ModelSize, dtype: str, warmup: int, steps: int,
+                masked: bool = False) -> dict:
   from transformers import FlaxBertForPreTraining, FlaxBertModel
 
   jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
   mem = measure.Memory("jax")
-  batch = {k: jax.device_put(v) for k, v in cases.make_batch(case, size.vocab_size).items()}
+  batch = flax_batch(case, size.vocab_size, masked)
   cls = FlaxBertForPreTraining if case.kind == "train" else FlaxBertModel
   # _do_init=False + a jitted init: HF's eager init takes minutes for BERT-Base.
   model = cls(_hf_config(size), seed=0, dtype=jdtype, _do_init=False)
@@ -51,16 +107,7 @@ def run_hf_flax(case: Case, size: ModelSize, dtype: str, warmup: int, steps: int
 
     def train_step(params, opt_state, key, b):
       def loss_fn(p):
-        out = model(b["masked_ids"], attention_mask=b["input_mask"],
-                    token_type_ids=b["segment_ids"], params=p, train=True, dropout_rng=key)
-        labels_BxL = b["mlm_labels"]
-        w_BxL = (labels_BxL >= 0).astype(jnp.float32)
-        nll_BxL = optax.softmax_cross_entropy_with_integer_labels(
-            out.prediction_logits.astype(jnp.float32), jnp.maximum(labels_BxL, 0))
-        mlm = (nll_BxL * w_BxL).sum() / jnp.maximum(w_BxL.sum(), 1.0)
-        nsp = optax.softmax_cross_entropy_with_integer_labels(
-            out.seq_relationship_logits.astype(jnp.float32), b["next_sentence_label"]).mean()
-        return mlm + nsp
+        return flax_loss(model, p, b, key, masked)
       loss, grads = jax.value_and_grad(loss_fn)(params)
       updates, opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state, loss
@@ -92,7 +139,24 @@ def run_hf_flax(case: Case, size: ModelSize, dtype: str, warmup: int, steps: int
           "compile_note": "jit lower + compile"}
 
 
-def run_hf_torch(case: Case, size: ModelSize, dtype: str, warmup: int, steps: int) -> dict:
+def torch_loss(model, b: dict, masked: bool):
+  """MLM (mean over masked positions) + NSP loss of a transformers BertForPreTraining."""
+  import torch.nn.functional as F
+  if not masked:
+    return model(b["masked_ids"], attention_mask=b["input_mask"],
+                 token_type_ids=b["segment_ids"], labels=b["mlm_labels"],
+                 next_sentence_label=b["next_sentence_label"]).loss
+  chosen_BxL = b["mlm_labels"] >= 0  # N = B * P masked positions
+  seq_BxLxH, pooled_BxH = model.bert(b["masked_ids"], attention_mask=b["input_mask"],
+                                     token_type_ids=b["segment_ids"], return_dict=False)[:2]
+  mlm_NxV = model.cls.predictions(seq_BxLxH[chosen_BxL])
+  nsp_Bx2 = model.cls.seq_relationship(pooled_BxH)
+  return (F.cross_entropy(mlm_NxV.float(), b["mlm_labels"][chosen_BxL])
+          + F.cross_entropy(nsp_Bx2.float(), b["next_sentence_label"]))
+
+
+def run_hf_torch(case: Case, size: ModelSize, dtype: str, warmup: int, steps: int,
+                 masked: bool = False) -> dict:
   import torch
   from transformers import BertForPreTraining as TorchBertForPreTraining
   from transformers import BertModel as TorchBertModel
@@ -114,10 +178,8 @@ def run_hf_torch(case: Case, size: ModelSize, dtype: str, warmup: int, steps: in
 
     def step(i):
       with torch.autocast(device, dtype=tdtype, enabled=tdtype != torch.float32):
-        out = model(b["masked_ids"], attention_mask=b["input_mask"],
-                    token_type_ids=b["segment_ids"], labels=b["mlm_labels"],
-                    next_sentence_label=b["next_sentence_label"])
-      out.loss.backward()
+        value = torch_loss(model, b, masked)
+      value.backward()
       torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
       opt.step()
       opt.zero_grad(set_to_none=True)
