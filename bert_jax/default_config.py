@@ -7,8 +7,8 @@ Override any field from the command line: `--config.train.batch_size=32`.
 import ml_collections
 
 
-# long: one assignment per config field, each with its comment; splitting it would hide the defaults
 def get_config() -> ml_collections.ConfigDict:
+  """The default: one section per part of a run, each field with its comment."""
   c = ml_collections.ConfigDict()
   c.seed = 0  # seed of initialisation, masking, dropout and data order
   # What the model learns besides masked-LM: 'mlm+nsp' (the reference: next
@@ -21,96 +21,13 @@ def get_config() -> ml_collections.ConfigDict:
   # checkpoint directory, a bert_jax.io.convert checkpoint or a bert-jax workdir
   # (or PATH/checkpoints/<step>). Its model shape, vocabulary and lowercasing win.
   c.init_from = ""  # '' = start from scratch; else the model to continue from
-
-  # --- data: text -> WordPiece -> sentence-pair examples (stored once via TFDS) ---
-  c.data = ml_collections.ConfigDict()
-  # 'builtin' (CPython's pydoc topics, always present), a text file path (plain:
-  # one sentence per line, blank line between documents; or tab: `A<TAB>B` per
-  # line), or 'tfds:<name>:<feature>' e.g. 'tfds:wikipedia/20230601.en:text'.
-  c.data.corpus = "builtin"
-  c.data.format = "auto"  # 'auto' | 'plain' | 'tab'
-  c.data.vocab_file = ""  # '' = train a WordPiece vocab on the corpus
-  c.data.vocab_size = 30522  # target size when training a vocab
-  c.data.vocab_sample_bytes = 100_000_000  # a trained vocab learns from this much text
-  c.data.lowercase = True  # lowercase the text (an uncased model)
-  c.data.short_seq_prob = 0.1  # chance that an example gets a shorter target length (as BERT)
-  c.data.dupe_factor = 5  # passes over the corpus, each with fresh pairs
-  # More passes over a small eval split make an accuracy's noise smaller (fresh NSP pairs
-  # and split points each pass; the masks differ per example too).
-  c.data.eval_dupe_factor = 0  # passes over the eval documents; 0 = data.dupe_factor
-  c.data.eval_fraction = 0.05  # of documents held out for evaluation
-  c.data.max_eval_examples = 2048  # cap on the examples of the eval split
-  c.data.max_documents = 0  # 0 = all (useful to cap TFDS corpora)
-  c.data.extend_vocab = 0  # with init_from: add up to N whole words of the corpus as new WordPieces
-  c.data.cache_dir = ""  # '' = <workdir>/prepared; prepared data is reused from here
-
-  # --- masking (done on device inside the jitted step) ---
-  c.masking = ml_collections.ConfigDict()
-  c.masking.mask_prob = 0.15  # fraction of tokens predicted (80% [MASK], 10% random, 10% kept)
-  c.masking.whole_word = False  # mask all word pieces of a word together
-
-  # --- model ---
-  c.model = ml_collections.ConfigDict()
-  c.model.hidden_size = 768  # width of every layer
-  c.model.num_layers = 12  # transformer layers
-  c.model.num_heads = 12  # attention heads (must divide hidden_size)
-  c.model.intermediate_size = 3072  # feed-forward width
-  c.model.max_position_embeddings = 512  # longest sequence the model can take
-  c.model.type_vocab_size = 2  # segment types (sentence A and B)
-  c.model.dropout_rate = 0.1  # dropout on hidden states
-  c.model.attention_dropout_rate = 0.1  # dropout on attention probabilities
-  c.model.layer_norm_eps = 1e-12  # LayerNorm epsilon
-  c.model.initializer_range = 0.02  # stddev of the truncated-normal initialiser
-  c.model.gelu_approximate = False  # reference BERT uses exact (erf) GELU
-  c.model.vocab_pad_multiple = 128  # pad the embedding table for fast matmuls
-  # Compute dtype: 'auto' = bfloat16 mixed precision (bf16 operands, float32
-  # accumulation) on TPU, GPU and CPUs with native bf16 dots, float32 elsewhere;
-  # or 'float32' | 'bfloat16' | 'float16'. Params, LayerNorm, softmax, loss: float32.
-  c.model.dtype = "auto"  # compute dtype: auto | float32 | bfloat16 | float16
-  c.model.remat = False  # recompute activations in the backward pass (less memory, more time)
-  # Dropout's random bits: 'hash' (a keyed counter hash, cheap), 'threefry'
-  # (JAX's default generator), or 'rbg' / 'unsafe_rbg' (XLA's RngBitGenerator).
-  # Same keep probability either way.
-  c.model.dropout_rng = "hash"
-
-  # --- optimization ---
-  c.train = ml_collections.ConfigDict()
-  c.train.batch_size = 256  # global, across all devices and hosts
-  c.train.num_steps = 1_000_000  # optimizer steps over all phases
-  c.train.learning_rate = 1e-4  # peak, after warm-up; then linear decay to 0 at num_steps
-  c.train.warmup_steps = 10_000  # linear warm-up from 0 over this many steps
-  c.train.b1 = 0.9  # Adam beta1
-  c.train.b2 = 0.999  # Adam beta2
-  c.train.eps = 1e-6  # Adam epsilon
-  c.train.weight_decay = 0.01  # decoupled weight decay (not on biases and LayerNorm)
-  c.train.max_grad_norm = 1.0  # clip the global gradient norm to this (0 = no clipping)
-  # 'adamw' (the reference) or 'lamb' (You et al. 2019, NVIDIA's and MLPerf's
-  # large-batch BERT: Adam scaled per parameter by ||w|| / ||update||). Same
-  # decay mask, schedule and clipping; a run cannot resume with the other one.
-  c.train.optimizer = "adamw"  # adamw | lamb
-  c.train.grad_accum_steps = 1  # micro-batches per step (same result, less memory)
-  # A step whose loss or gradient is NaN/inf is skipped (changes nothing);
-  # this many in a row stop the run with an error.
-  c.train.max_consecutive_nonfinite = 10
-  # Two-phase sequence length: fraction of steps, max length, max predictions.
-  c.train.phase_fractions = (0.9, 0.1)  # fraction of num_steps in each phase
-  c.train.seq_lens = (128, 512)  # sequence length of each phase
-  c.train.max_predictions = (20, 80)  # masked positions per sequence in each phase
-
-  # --- parallelism: a (data, model) mesh over all devices of all hosts ---
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.model_parallel = 1  # devices on the 'model' axis; the rest do data parallel
-  c.mesh.param_sharding = "replicated"  # 'replicated' | 'fsdp' (params sharded over data)
-
-  # --- downstream: linear probes of the current parameters at every evaluation ---
-  c.probe = ml_collections.ConfigDict()
-  c.probe.tasks = ()  # e.g. ('word_order',) or GLUE / plain task dirs (bert_jax.eval.tasks)
-  c.probe.layers = (-1,)  # hidden states probed (-1 = last layer; several are concatenated)
-  c.probe.pooling = "mean"  # 'mean', 'cls' or 'pooler'
-  c.probe.max_examples = 0  # per split, a seeded subset; 0 = every example
-  c.probe.data_dir = ""  # where relative task dirs and tfds:glue/<task> are looked up
-
-  # --- bookkeeping ---
+  c.data = _data()
+  c.masking = _masking()
+  c.model = _model()
+  c.train = _train()
+  c.mesh = _mesh()
+  c.probe = _probe()
+  # --- bookkeeping: logging, evaluation and checkpoint cadence, compile cache ---
   c.log_every = 100  # steps between train metrics and throughput lines
   c.eval_every = 10_000  # steps between evaluations
   c.eval_batches = 0  # 0 = whole eval split
@@ -119,4 +36,110 @@ def get_config() -> ml_collections.ConfigDict:
   c.progress_bar = True  # show a progress bar in the terminal
   # JAX's persistent compilation cache: a repeated or resumed run skips compiling.
   c.compile_cache_dir = "~/.cache/bert_jax/xla"  # compiled-step cache folder ('' = off)
+  return c
+
+
+def _data() -> ml_collections.ConfigDict:
+  """Data: text -> WordPiece -> sentence-pair examples (stored once via TFDS)."""
+  c = ml_collections.ConfigDict()
+  # 'builtin' (CPython's pydoc topics, always present), a text file path (plain:
+  # one sentence per line, blank line between documents; or tab: `A<TAB>B` per
+  # line), or 'tfds:<name>:<feature>' e.g. 'tfds:wikipedia/20230601.en:text'.
+  c.corpus = "builtin"
+  c.format = "auto"  # 'auto' | 'plain' | 'tab'
+  c.vocab_file = ""  # '' = train a WordPiece vocab on the corpus
+  c.vocab_size = 30522  # target size when training a vocab
+  c.vocab_sample_bytes = 100_000_000  # a trained vocab learns from this much text
+  c.lowercase = True  # lowercase the text (an uncased model)
+  c.short_seq_prob = 0.1  # chance that an example gets a shorter target length (as BERT)
+  c.dupe_factor = 5  # passes over the corpus, each with fresh pairs
+  # More passes over a small eval split make an accuracy's noise smaller (fresh NSP pairs
+  # and split points each pass; the masks differ per example too).
+  c.eval_dupe_factor = 0  # passes over the eval documents; 0 = data.dupe_factor
+  c.eval_fraction = 0.05  # of documents held out for evaluation
+  c.max_eval_examples = 2048  # cap on the examples of the eval split
+  c.max_documents = 0  # 0 = all (useful to cap TFDS corpora)
+  c.extend_vocab = 0  # with init_from: add up to N whole words of the corpus as new WordPieces
+  c.cache_dir = ""  # '' = <workdir>/prepared; prepared data is reused from here
+  return c
+
+
+def _masking() -> ml_collections.ConfigDict:
+  """Masking (done on device inside the jitted step)."""
+  c = ml_collections.ConfigDict()
+  c.mask_prob = 0.15  # fraction of tokens predicted (80% [MASK], 10% random, 10% kept)
+  c.whole_word = False  # mask all word pieces of a word together
+  return c
+
+
+def _model() -> ml_collections.ConfigDict:
+  """Model."""
+  c = ml_collections.ConfigDict()
+  c.hidden_size = 768  # width of every layer
+  c.num_layers = 12  # transformer layers
+  c.num_heads = 12  # attention heads (must divide hidden_size)
+  c.intermediate_size = 3072  # feed-forward width
+  c.max_position_embeddings = 512  # longest sequence the model can take
+  c.type_vocab_size = 2  # segment types (sentence A and B)
+  c.dropout_rate = 0.1  # dropout on hidden states
+  c.attention_dropout_rate = 0.1  # dropout on attention probabilities
+  c.layer_norm_eps = 1e-12  # LayerNorm epsilon
+  c.initializer_range = 0.02  # stddev of the truncated-normal initialiser
+  c.gelu_approximate = False  # reference BERT uses exact (erf) GELU
+  c.vocab_pad_multiple = 128  # pad the embedding table for fast matmuls
+  # Compute dtype: 'auto' = bfloat16 mixed precision (bf16 operands, float32
+  # accumulation) on TPU, GPU and CPUs with native bf16 dots, float32 elsewhere;
+  # or 'float32' | 'bfloat16' | 'float16'. Params, LayerNorm, softmax, loss: float32.
+  c.dtype = "auto"  # compute dtype: auto | float32 | bfloat16 | float16
+  c.remat = False  # recompute activations in the backward pass (less memory, more time)
+  # Dropout's random bits: 'hash' (a keyed counter hash, cheap), 'threefry'
+  # (JAX's default generator), or 'rbg' / 'unsafe_rbg' (XLA's RngBitGenerator).
+  # Same keep probability either way.
+  c.dropout_rng = "hash"
+  return c
+
+
+def _train() -> ml_collections.ConfigDict:
+  """Optimization."""
+  c = ml_collections.ConfigDict()
+  c.batch_size = 256  # global, across all devices and hosts
+  c.num_steps = 1_000_000  # optimizer steps over all phases
+  c.learning_rate = 1e-4  # peak, after warm-up; then linear decay to 0 at num_steps
+  c.warmup_steps = 10_000  # linear warm-up from 0 over this many steps
+  c.b1 = 0.9  # Adam beta1
+  c.b2 = 0.999  # Adam beta2
+  c.eps = 1e-6  # Adam epsilon
+  c.weight_decay = 0.01  # decoupled weight decay (not on biases and LayerNorm)
+  c.max_grad_norm = 1.0  # clip the global gradient norm to this (0 = no clipping)
+  # 'adamw' (the reference) or 'lamb' (You et al. 2019, NVIDIA's and MLPerf's
+  # large-batch BERT: Adam scaled per parameter by ||w|| / ||update||). Same
+  # decay mask, schedule and clipping; a run cannot resume with the other one.
+  c.optimizer = "adamw"  # adamw | lamb
+  c.grad_accum_steps = 1  # micro-batches per step (same result, less memory)
+  # A step whose loss or gradient is NaN/inf is skipped (changes nothing);
+  # this many in a row stop the run with an error.
+  c.max_consecutive_nonfinite = 10
+  # Two-phase sequence length: fraction of steps, max length, max predictions.
+  c.phase_fractions = (0.9, 0.1)  # fraction of num_steps in each phase
+  c.seq_lens = (128, 512)  # sequence length of each phase
+  c.max_predictions = (20, 80)  # masked positions per sequence in each phase
+  return c
+
+
+def _mesh() -> ml_collections.ConfigDict:
+  """Parallelism: a (data, model) mesh over all devices of all hosts."""
+  c = ml_collections.ConfigDict()
+  c.model_parallel = 1  # devices on the 'model' axis; the rest do data parallel
+  c.param_sharding = "replicated"  # 'replicated' | 'fsdp' (params sharded over data)
+  return c
+
+
+def _probe() -> ml_collections.ConfigDict:
+  """Downstream: linear probes of the current parameters at every evaluation."""
+  c = ml_collections.ConfigDict()
+  c.tasks = ()  # e.g. ('word_order',) or GLUE / plain task dirs (bert_jax.eval.tasks)
+  c.layers = (-1,)  # hidden states probed (-1 = last layer; several are concatenated)
+  c.pooling = "mean"  # 'mean', 'cls' or 'pooler'
+  c.max_examples = 0  # per split, a seeded subset; 0 = every example
+  c.data_dir = ""  # where relative task dirs and tfds:glue/<task> are looked up
   return c

@@ -70,37 +70,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return _run(s, workdir, mesh, source, probe_tasks)
 
 
-# long: the run's story in order (restore, loop, final eval, report); each line calls one owner
 def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
+  """The run's story in order: data, steps, restore or start, loop, final eval, report."""
   check_same_data(s, workdir)  # before preparing anything: a refused run writes nothing
-  ext = None
-  if source is not None:
-    console.log(f"init_from: {source.describe()}")
-  with (init_from.data_settings(s, source) if source is not None
-        else contextlib.nullcontext((s.data, None))) as (data, ext):
-    prepared = data_setup.prepare_data(data, s.train.seq_lens, s.run.seed, workdir)
+  prepared, ext = _prepare(s, workdir, source)
   tok = prepared.tokenizer
   steps = make_steps(s, tok.vocab_size, tok.special_ids(), tok.mask_id,
                      tok.is_continuation() if s.masking.whole_word else None, mesh)
   _log_model(steps, tok.vocab_size, s.requested_dtype)
-
   ckpts = RunCheckpoints(checkpoint_dir(workdir), s.run.keep_checkpoints, steps, {
       "model_config": steps.bert_config.to_dict(), "vocab": tok.vocab,
       "lowercase": tok.lowercase, "seed": s.run.seed, "config": json.loads(s.config_json)})
   reporter = Reporter(workdir)
   signals = StopSignals().install()
-  loop = None
   try:
-    state = ckpts.restore_latest()
-    fresh_source = state is None and source is not None
-    if state is None:
-      state = RunState(0, 0, *(init_from.initial_state(source, steps, ext, s.run.seed)
-                               if source is not None else steps.init_state()))
-    else:
-      console.log(f"resumed from {ckpts.ckpt_dir} at step {state.step} "
-                  f"(data position {state.position})" + (
-                      f"; --config.init_from={source.path} was not used again (the workdir's "
-                      "checkpoints win)" if source is not None else ""))
+    state, fresh_source = _restore_or_start(s, ckpts, steps, source, ext)
     if (done := _stored_final_eval(s, state.step, reporter)) is not None:
       console.log(f"run already complete at step {state.step}: "
                   f"{describe_eval(done) if done else 'see process 0'} "
@@ -113,17 +97,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
       console.warn(note)
     loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state, probes.RunProbes(
         s.probe, list(probe_tasks), steps.bert_config, tok, s.run.seed))
-    ev = None
-    if fresh_source:  # where the continuation starts: checkpoint, eval and probes of step 0
-      # Waited for before anything is logged: a step 0 that cannot be written (a full
-      # disk) stops the run here on one line, leaving no record of a start.
-      ckpts.save(state, s.train.phases[0], 0)
-      ckpts.finish_save()
-      ev = init_from.log_start(loop, reporter)
-    if s.train.num_steps > 0 or ev is None:  # num_steps=0: the source's evaluation is the result
-      loop.train()
-      loop.stop_if_requested(sync=True)  # a signal during the last steps
-      ev = loop.final_eval()
+    ev = _train(s, loop, ckpts, reporter, fresh_source)
     ckpts.finish_save()
     ckpts.close()
   except BaseException:
@@ -137,6 +111,49 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
   # The workdir as the user gave it, like the other two (Orbax's own path is absolute).
   console.log(f"checkpoints: {checkpoint_dir(workdir)}; TensorBoard: "
               f"{os.path.join(workdir, 'tensorboard')}; plot: {plot}")
+  return ev
+
+
+def _prepare(s: Settings, workdir: str, source) -> tuple:
+  """(prepared data, the continuation's vocabulary extension or None)."""
+  ext = None
+  if source is not None:
+    console.log(f"init_from: {source.describe()}")
+  with (init_from.data_settings(s, source) if source is not None
+        else contextlib.nullcontext((s.data, None))) as (data, ext):
+    prepared = data_setup.prepare_data(data, s.train.seq_lens, s.run.seed, workdir)
+  return prepared, ext
+
+
+def _restore_or_start(s: Settings, ckpts: RunCheckpoints, steps: TrainSteps, source,
+                      ext) -> tuple[RunState, bool]:
+  """The newest readable checkpoint, else a fresh (or continued) state; and whether it is
+  a continuation's start (its step 0 is checkpointed, evaluated and probed)."""
+  state = ckpts.restore_latest()
+  if state is None:
+    return RunState(0, 0, *(init_from.initial_state(source, steps, ext, s.run.seed)
+                            if source is not None else steps.init_state())), source is not None
+  console.log(f"resumed from {ckpts.ckpt_dir} at step {state.step} "
+              f"(data position {state.position})" + (
+                  f"; --config.init_from={source.path} was not used again (the workdir's "
+                  "checkpoints win)" if source is not None else ""))
+  return state, False
+
+
+def _train(s: Settings, loop: TrainLoop, ckpts: RunCheckpoints, reporter: Reporter,
+           fresh_source: bool) -> dict:
+  """Trains to num_steps and returns the final evaluation."""
+  ev = None
+  if fresh_source:  # where the continuation starts: checkpoint, eval and probes of step 0
+    # Waited for before anything is logged: a step 0 that cannot be written (a full
+    # disk) stops the run here on one line, leaving no record of a start.
+    ckpts.save(loop.state, s.train.phases[0], 0)
+    ckpts.finish_save()
+    ev = init_from.log_start(loop, reporter)
+  if s.train.num_steps > 0 or ev is None:  # num_steps=0: the source's evaluation is the result
+    loop.train()
+    loop.stop_if_requested(sync=True)  # a signal during the last steps
+    ev = loop.final_eval()
   return ev
 
 

@@ -95,7 +95,6 @@ def _checkpoint_root(path: str) -> tuple[str, Optional[int]]:
   return path, None
 
 
-# long: the given-step and fallback paths share one failure classification
 def restore_params(path: str, step: Optional[int] = None,
                    sharding: Optional[jax.sharding.Sharding] = None) -> tuple[Any, dict]:
   """Restores only the params (no optimizer state) and the meta of a checkpoint.
@@ -133,34 +132,37 @@ def restore_params(path: str, step: Optional[int] = None,
             f"checkpoint {root}/{step} is incomplete or unreadable ({why}); expected a "
             f"complete checkpoint: pass another step (have {sorted(steps)}) or none for the "
             "newest complete one") from None
-    skipped, tried, rotations = [], set(), 0
-    while True:
-      s = next((s for s in steps if s not in tried), None)
-      if s is None:
-        break
-      tried.add(s)
-      try:
-        out = _restore_params_step(mngr, root, s, sharding)
-      except Exception as e:  # pylint: disable=broad-except
-        why = _damage(e, f"{root}/{s}")
-        if not os.path.isdir(os.path.join(root, str(s))) and rotations < _MAX_ROTATIONS:
-          # Deleted meanwhile by a run's max_to_keep (a newer step replaced it), not
-          # damaged: list the steps again.
-          rotations += 1
-          mngr.reload()
-          steps = sorted(mngr.all_steps(), reverse=True)
-          continue
-        skipped.append(f"{root}/{s} ({why})")
-        continue
-      if skipped:
-        print(f"warning: skipped incomplete or unreadable checkpoint {'; '.join(skipped)}; "
-              f"using step {s}, the newest complete one",
-              file=sys.stderr, flush=True)
-      return out
-    raise CheckpointError(f"checkpoint {root}: no step is complete and readable: "
-                          f"{'; '.join(skipped)}; expected at least one complete checkpoint")
+    return _restore_newest_complete(mngr, root, steps, sharding)
   finally:
     mngr.close()
+
+
+def _restore_newest_complete(mngr: ocp.CheckpointManager, root: str, steps: list[int],
+                             sharding: jax.sharding.Sharding) -> tuple[Any, dict]:
+  """The newest step that restores, skipping damaged ones with one warning line."""
+  skipped, tried, rotations = [], set(), 0
+  while (s := next((s for s in steps if s not in tried), None)) is not None:
+    tried.add(s)
+    try:
+      out = _restore_params_step(mngr, root, s, sharding)
+    except Exception as e:  # pylint: disable=broad-except
+      why = _damage(e, f"{root}/{s}")
+      if not os.path.isdir(os.path.join(root, str(s))) and rotations < _MAX_ROTATIONS:
+        # Deleted meanwhile by a run's max_to_keep (a newer step replaced it), not
+        # damaged: list the steps again.
+        rotations += 1
+        mngr.reload()
+        steps = sorted(mngr.all_steps(), reverse=True)
+        continue
+      skipped.append(f"{root}/{s} ({why})")
+      continue
+    if skipped:
+      print(f"warning: skipped incomplete or unreadable checkpoint {'; '.join(skipped)}; "
+            f"using step {s}, the newest complete one",
+            file=sys.stderr, flush=True)
+    return out
+  raise CheckpointError(f"checkpoint {root}: no step is complete and readable: "
+                        f"{'; '.join(skipped)}; expected at least one complete checkpoint")
 
 
 def _damage(e: Exception, where: str) -> str:

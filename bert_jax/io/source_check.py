@@ -47,9 +47,34 @@ _MAX_HEADER = 100_000_000  # the safetensors reader's own limit on the header's 
 _AGAIN = "expected the complete file (copy or download it again)"
 
 
-# long: one check per way a safetensors file can be damaged, each with its own message
 def safetensors_shapes(path: str) -> dict[str, tuple]:
   """{tensor name: shape} of a safetensors file, every header entry checked against its size."""
+  header, n, size = _safetensors_header(path)
+  data_size = size - 8 - n
+  shapes, ranges = {}, []
+  for name, entry in header.items():
+    if name == "__metadata__":
+      continue
+    shape, begin, end = _tensor_entry(f"{path}: tensor {name!r}", entry)
+    if end > data_size:
+      raise ConvertError(f"{path}: cut short: tensor {name!r} ends at byte {8 + n + end} but "
+                         f"the file has {size} bytes; {_AGAIN}")
+    shapes[name] = shape
+    ranges.append((begin, end, name))
+  at = 0
+  for begin, end, name in sorted(ranges):
+    if begin != at:
+      raise ConvertError(f"{path}: tensor {name!r} starts at data byte {begin}, expected {at} "
+                         "(tensors must follow each other without gaps or overlaps); " + _AGAIN)
+    at = end
+  if at != data_size:
+    raise ConvertError(f"{path}: {data_size - at} bytes after the last tensor; expected the "
+                       "file to end where its last tensor ends")
+  return shapes
+
+
+def _safetensors_header(path: str) -> tuple[dict, int, int]:
+  """(header object, header bytes n, file size): one message per way the header is damaged."""
   try:
     size = os.path.getsize(path)
     with open(path, "rb") as f:
@@ -74,42 +99,27 @@ def safetensors_shapes(path: str) -> dict[str, tuple]:
   if not isinstance(header, dict):
     raise ConvertError(f"{path}: the safetensors header is a {type(header).__name__}; "
                        "expected a JSON object of tensors")
-  data_size = size - 8 - n
-  shapes, ranges = {}, []
-  for name, entry in header.items():
-    if name == "__metadata__":
-      continue
-    where = f"{path}: tensor {name!r}"
-    try:
-      dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-      shape = tuple(int(d) for d in shape)
-      begin, end = int(begin), int(end)
-    except (KeyError, TypeError, ValueError):
-      raise ConvertError(f"{where}: its header entry {json.dumps(entry)[:200]} lacks dtype, "
-                         "shape or data_offsets [begin, end]; " + _AGAIN) from None
-    if dtype not in SAFETENSORS_DTYPES:
-      raise ConvertError(f"{where} has dtype {dtype!r}, which bert-jax cannot read from "
-                         f"safetensors; expected one of {', '.join(SAFETENSORS_DTYPES)} "
-                         "(e.g. save it as float32)")
-    want = int(np.prod(shape, dtype=np.int64)) * SAFETENSORS_DTYPES[dtype]
-    if min(shape, default=0) < 0 or begin < 0 or end - begin != want:
-      raise ConvertError(f"{where}: its header gives bytes [{begin}, {end}) for a {dtype} "
-                         f"tensor of shape {shape} ({want} bytes); {_AGAIN}")
-    if end > data_size:
-      raise ConvertError(f"{path}: cut short: tensor {name!r} ends at byte {8 + n + end} but "
-                         f"the file has {size} bytes; {_AGAIN}")
-    shapes[name] = shape
-    ranges.append((begin, end, name))
-  at = 0
-  for begin, end, name in sorted(ranges):
-    if begin != at:
-      raise ConvertError(f"{path}: tensor {name!r} starts at data byte {begin}, expected {at} "
-                         "(tensors must follow each other without gaps or overlaps); " + _AGAIN)
-    at = end
-  if at != data_size:
-    raise ConvertError(f"{path}: {data_size - at} bytes after the last tensor; expected the "
-                       "file to end where its last tensor ends")
-  return shapes
+  return header, n, size
+
+
+def _tensor_entry(where: str, entry: Any) -> tuple[tuple, int, int]:
+  """(shape, begin, end) of one header entry, its dtype and byte count checked."""
+  try:
+    dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+    shape = tuple(int(d) for d in shape)
+    begin, end = int(begin), int(end)
+  except (KeyError, TypeError, ValueError):
+    raise ConvertError(f"{where}: its header entry {json.dumps(entry)[:200]} lacks dtype, "
+                       "shape or data_offsets [begin, end]; " + _AGAIN) from None
+  if dtype not in SAFETENSORS_DTYPES:
+    raise ConvertError(f"{where} has dtype {dtype!r}, which bert-jax cannot read from "
+                       f"safetensors; expected one of {', '.join(SAFETENSORS_DTYPES)} "
+                       "(e.g. save it as float32)")
+  want = int(np.prod(shape, dtype=np.int64)) * SAFETENSORS_DTYPES[dtype]
+  if min(shape, default=0) < 0 or begin < 0 or end - begin != want:
+    raise ConvertError(f"{where}: its header gives bytes [{begin}, {end}) for a {dtype} "
+                       f"tensor of shape {shape} ({want} bytes); {_AGAIN}")
+  return shape, begin, end
 
 
 def _safetensors_index_shapes(index: str) -> dict[str, tuple]:
