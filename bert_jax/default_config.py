@@ -104,7 +104,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   # --- downstream: linear probes of the current parameters at every evaluation ---
   c.probe = ml_collections.ConfigDict()
-  c.probe.tasks = ()  # e.g. ('word_order',) or GLUE / plain task dirs (bert_jax.eval.tasks)
+  # On by default: every run shows a downstream curve beside its MLM curve (the shipped
+  # word_order task costs a few percent of an evaluation; `--config.probe.tasks=()` turns it off).
+  c.probe.tasks = ("word_order",)  # shipped names, GLUE / plain task dirs (bert_jax.eval.tasks)
   c.probe.layers = (-1,)  # hidden states probed (-1 = last layer; several are concatenated)
   c.probe.pooling = "mean"  # 'mean', 'cls' or 'pooler'
   c.probe.max_examples = 0  # per split, a seeded subset; 0 = every example
