@@ -9,19 +9,16 @@ a plain task that random features read well above chance ("does the text contain
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
+from tools import multiprocess
+
 pytestmark = pytest.mark.slow  # trains in subprocesses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT_S = 300  # per launch: a hung collective must fail the test
 TINY = [
     "--config.data.dupe_factor=2", "--config.data.vocab_size=512",
     "--config.model.hidden_size=32", "--config.model.num_layers=1",
@@ -31,13 +28,10 @@ TINY = [
     "--config.train.batch_size=16", "--config.train.learning_rate=0.1",
     "--config.train.num_steps=2", "--config.eval_every=1", "--config.eval_batches=1",
     "--config.log_every=1", "--config.progress_bar=False", "--config.probe.max_examples=80",
+    # No compilation cache: a process that loads a program while its peer compiles it
+    # reaches the first collective far earlier (see multiprocess.launch_retrying).
+    "--config.compile_cache_dir=",
 ]
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _write_task(directory: str) -> str:
@@ -57,40 +51,6 @@ def _write_task(directory: str) -> str:
   return directory
 
 
-def _launch(runs: dict[str, tuple[list[str], int]], logs: str, cache: str) -> dict[str, str]:
-  """Starts every run {name: (train.py args, devices)} at once; all must succeed."""
-  procs = {}
-  for name, (args, devices) in runs.items():
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           "JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-    out, err = (open(os.path.join(logs, f"{name}.{x}"), "w+") for x in ("out", "err"))
-    procs[name] = (subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *TINY, *args],
-                                    cwd=ROOT, stdout=out, stderr=err, env=env,
-                                    start_new_session=True), out, err)
-  deadline = time.monotonic() + TIMEOUT_S
-  while any(p.poll() is None for p, _, _ in procs.values()):
-    if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p, _, _ in procs.values()):
-      break
-    time.sleep(0.2)
-  results, failed = {}, []
-  for name, (p, out, err) in procs.items():
-    if p.poll() is None:
-      os.killpg(p.pid, signal.SIGKILL)
-      p.wait()
-    out.seek(0)
-    err.seek(0)
-    results[name], err_text = out.read(), err.read()
-    out.close()
-    err.close()
-    if p.returncode != 0:
-      tail = [l for l in err_text.splitlines() if not l.startswith("[Gloo]")][-15:]
-      failed.append(f"--- {name} (exit {p.returncode}):\n" + "\n".join(tail))
-  if failed:
-    pytest.fail("\n".join(failed), pytrace=False)
-  return results
-
 
 def _probe_rows(workdir: str) -> list[dict]:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
@@ -101,27 +61,32 @@ def _probe_rows(workdir: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
   root = tmp_path_factory.mktemp("distributed_probes")
-  cache, logs = str(root / "jit"), str(root / "logs")
+  logs = str(root / "logs")
   os.makedirs(logs)
   task = _write_task(str(root / "has_the"))
   corpus = os.path.join(ROOT, "data", "corpus.txt")
   common = [f"--config.data.corpus={corpus}", f"--config.probe.tasks=('word_order','{task}')"]
+  train = [sys.executable, os.path.join(ROOT, "train.py"), *TINY, *common]
 
   def one(name, sharding):
-    return {name: ([*common, f"--workdir={root / name}", f"--config.data.cache_dir={root}/data",
+    return {name: ([*train, f"--workdir={root / name}", f"--config.data.cache_dir={root}/data",
                     f"--config.mesh.param_sharding={sharding}"], 8)}
 
   def two(name, sharding):
-    address = f"127.0.0.1:{_free_port()}"
-    return {f"{name}{i}": ([*common, f"--workdir={root / name}",
-                            f"--config.data.cache_dir={root}/data{i}",
+    address = f"127.0.0.1:{multiprocess.free_port()}"
+    return {f"{name}{i}": ([*train, f"--workdir={root / name}",
+                            f"--config.data.cache_dir={root}/data",
                             f"--config.mesh.param_sharding={sharding}",
                             f"--coordinator_address={address}", "--num_processes=2",
                             f"--process_id={i}"], 4) for i in range(2)}
 
-  stdout = _launch(one("reference", "replicated"), logs, cache)
-  stdout |= _launch(two("replicated", "replicated"), logs, cache)
-  stdout |= _launch(two("fsdp", "fsdp"), logs, cache)
+  stdout = {}
+  # Every run reads the data the reference prepared: a process that prepared its own
+  # while the other waited at the first collective could miss gloo's 30 s start-up window.
+  launches = {"reference": one("reference", "replicated"),
+              "replicated": two("replicated", "replicated"), "fsdp": two("fsdp", "fsdp")}
+  for name, commands in launches.items():
+    stdout |= multiprocess.launch_retrying(commands, logs, None, ROOT, [str(root / name)])
   return {name: _probe_rows(str(root / name)) for name in ("reference", "replicated", "fsdp")
           } | {"stdout": stdout, "task": os.path.basename(task)}
 

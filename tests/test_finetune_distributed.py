@@ -5,11 +5,7 @@ only process 0 prints and writes (results.json, TensorBoard events, --save)."""
 import glob
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -19,23 +15,17 @@ from bert_jax.data.tokenizer import SPECIAL_TOKENS
 from bert_jax.io import checkpointing
 from bert_jax.model.bert import init_params
 from bert_jax.model.config import BertConfig
+from tools import multiprocess
 
 pytestmark = pytest.mark.slow  # fine-tunes in subprocesses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT_S = 300  # per launch: a hung collective must fail the test
 WORDS = "the cat dog sat on a mat and ran to house tree bird sang loud quiet".split()
 VOCAB = list(SPECIAL_TOKENS) + WORDS
 CONFIG = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_layers=1, num_heads=4,
                     intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=16)
 FLAGS = ["--learning_rates", "3e-3", "--seeds", "0,1", "--epochs", "6", "--batch_size", "32",
          "--eval_batch_size", "32", "--no_progress"]
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _write_task(directory: str) -> str:
@@ -54,39 +44,6 @@ def _write_task(directory: str) -> str:
   return directory
 
 
-def _launch(runs: dict[str, tuple[list[str], int]], logs: str) -> dict[str, str]:
-  """Starts every `python -m bert_jax.finetune` run {name: (args, devices)}; all must succeed."""
-  procs = {}
-  for name, (args, devices) in runs.items():
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    out, err = (open(os.path.join(logs, f"{name}.{x}"), "w+") for x in ("out", "err"))
-    procs[name] = (subprocess.Popen([sys.executable, "-m", "bert_jax.finetune", *FLAGS, *args],
-                                    cwd=ROOT, stdout=out, stderr=err, env=env,
-                                    start_new_session=True), out, err)
-  deadline = time.monotonic() + TIMEOUT_S
-  while any(p.poll() is None for p, _, _ in procs.values()):
-    if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p, _, _ in procs.values()):
-      break
-    time.sleep(0.2)
-  results, failed = {}, []
-  for name, (p, out, err) in procs.items():
-    if p.poll() is None:
-      os.killpg(p.pid, signal.SIGKILL)
-      p.wait()
-    out.seek(0)
-    err.seek(0)
-    results[name], err_text = out.read(), err.read()
-    out.close()
-    err.close()
-    if p.returncode != 0:
-      tail = [l for l in err_text.splitlines() if not l.startswith("[Gloo]")][-15:]
-      failed.append(f"--- {name} (exit {p.returncode}):\n" + "\n".join(tail))
-  if failed:
-    pytest.fail("\n".join(failed), pytrace=False)
-  return results
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
   root = tmp_path_factory.mktemp("finetune_distributed")
@@ -95,14 +52,19 @@ def runs(tmp_path_factory) -> dict:
   ckpt = str(root / "pretrained")
   checkpointing.save_params(ckpt, 0, init_params(CONFIG, jax.random.key(0)),
                             {"model_config": CONFIG.to_dict(), "vocab": VOCAB, "lowercase": True})
-  common = ["--checkpoint", ckpt, "--task", _write_task(str(root / "has_cat"))]
-  one = {"one": ([*common, "--output_dir", str(root / "one"), "--save", str(root / "one_saved")],
-                 8)}
-  address = f"127.0.0.1:{_free_port()}"
-  two = {f"two{i}": ([*common, "--output_dir", str(root / "two"), "--save",
-                      str(root / "two_saved"), "--coordinator_address", address,
-                      "--num_processes", "2", "--process_id", str(i)], 4) for i in range(2)}
-  stdout = _launch(one, logs) | _launch(two, logs)
+  common = [sys.executable, "-m", "bert_jax.finetune", *FLAGS, "--checkpoint", ckpt,
+            "--task", _write_task(str(root / "has_cat"))]
+  address = f"127.0.0.1:{multiprocess.free_port()}"
+  launches = {"one": {"one": ([*common, "--output_dir", str(root / "one"), "--save",
+                               str(root / "one_saved")], 8)},
+              "two": {f"two{i}": ([*common, "--output_dir", str(root / "two"), "--save",
+                                   str(root / "two_saved"), "--coordinator_address", address,
+                                   "--num_processes", "2", "--process_id", str(i)], 4)
+                      for i in range(2)}}
+  stdout = {}
+  for name, commands in launches.items():
+    stdout |= multiprocess.launch_retrying(commands, logs, None, ROOT,
+                                           [str(root / name), str(root / f"{name}_saved")])
   results = {}
   for name in ("one", "two"):
     with open(root / name / "results.json") as f:
