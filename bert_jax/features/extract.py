@@ -346,6 +346,11 @@ class Extractor:
     return ids_BxL, segments_BxL, mask_BxL
 
 
+  def _global(self, x_BxL: np.ndarray) -> jax.Array:
+    # The same host batch on every process; each places the rows of its devices.
+    return jax.make_array_from_callback(x_BxL.shape, self._batch_sharding,
+                                        lambda index: x_BxL[index])
+
   def extract(self, inputs: Sequence[Input], layers: Sequence[int] | str = (-1,),
               pooling: str = "cls", progress: Optional[bool] = None) -> Features:
     """Features of `inputs` (texts, `A<TAB>B` strings or (A, B) tuples), in input order.
@@ -388,10 +393,7 @@ class Extractor:
       for L, rows in batches:
         fn, new = self._program(L, layers, pooling)
         num_compiled += new
-        # The same host batch on every process; each places the rows of its devices.
-        put = lambda x: jax.make_array_from_callback(x.shape, self._batch_sharding,
-                                                     lambda index: x[index])
-        out = fn(self.params, *map(put, self._padded_batch(enc, rows, lengths_N, L)))
+        out = fn(self.params, *map(self._global, self._padded_batch(enc, rows, lengths_N, L)))
         # Dispatch is asynchronous: copy the previous batch out while this one runs.
         if pending is not None:
           collect(*pending)
