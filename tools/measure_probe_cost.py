@@ -60,7 +60,7 @@ def main() -> None:
                       num_layers=args.layers, num_heads=max(1, args.hidden // 64),
                       intermediate_size=4 * args.hidden, dtype="float32")
   mesh = sharding.make_mesh(1)
-  steps = TrainSteps(config, OptimizerSettings(), MaskingSettings(), tok.special_ids,
+  steps = TrainSteps(config, OptimizerSettings(), MaskingSettings(), tok.special_ids(),
                      tok.mask_id, mesh)
   params, _ = steps.init_state()
   B, L = args.batch_size, args.seq_len
