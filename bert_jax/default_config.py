@@ -137,7 +137,9 @@ def _mesh() -> ml_collections.ConfigDict:
 def _probe() -> ml_collections.ConfigDict:
   """Downstream: linear probes of the current parameters at every evaluation."""
   c = ml_collections.ConfigDict()
-  c.tasks = ()  # e.g. ('word_order',) or GLUE / plain task dirs (bert_jax.eval.tasks)
+  # On by default: every run shows a downstream curve beside its MLM curve (the shipped
+  # word_order task costs a few percent of an evaluation; `--config.probe.tasks=()` turns it off).
+  c.tasks = ("word_order",)  # shipped names, GLUE / plain task dirs (bert_jax.eval.tasks)
   c.layers = (-1,)  # hidden states probed (-1 = last layer; several are concatenated)
   c.pooling = "mean"  # 'mean', 'cls' or 'pooler'
   c.max_examples = 0  # per split, a seeded subset; 0 = every example

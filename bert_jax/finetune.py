@@ -30,6 +30,11 @@ Defaults (all flags): --learning_rates 2e-5,3e-5,5e-5 --seeds 0,1,2 --epochs 3
 --head_dropout 0.1, the checkpoint's compute dtype. The model, recipe and
 report are bert_jax.eval.finetune.
 
+Several processes (a multi-host TPU pod or GPU cluster) run the same command with
+--jax_distributed (or --coordinator_address, --num_processes, --process_id, as
+train.py takes them): every process reads the task, batches are split over all
+devices, and process 0 alone prints and writes (results.json, TensorBoard, --save).
+
 Bad input (a missing checkpoint or one without params, an unreadable task, a
 bad flag) is one `error:` line, exit status 2, and nothing is written.
 """
@@ -93,6 +98,16 @@ def _parser() -> argparse.ArgumentParser:
                  help="write the best run here as a bert-jax checkpoint (convert to-hf exports it)")
   p.add_argument("--overwrite", action="store_true", help="replace a non-empty --save directory")
   p.add_argument("--no_progress", action="store_true", help="no progress bar")
+  # Several processes (a multi-host TPU pod, multi-process GPU): as train.py's flags.
+  p.add_argument("--jax_distributed", action="store_true",
+                 help="join a multi-process run first (auto-detects the cluster unless the "
+                 "three flags below are given)")
+  p.add_argument("--coordinator_address", default=None,
+                 help="host:port of process 0's coordinator (implies --jax_distributed)")
+  p.add_argument("--num_processes", type=int, default=None)
+  p.add_argument("--process_id", type=int, default=None)
+  p.add_argument("--distributed_timeout", type=int, default=120,
+                 help="seconds for all processes to join; then one error line and exit 2")
   return p
 
 
@@ -110,6 +125,8 @@ def _check_save(path: Optional[str], overwrite: bool) -> None:
 def run(args: argparse.Namespace) -> dict:
   """Checks everything cheap first, so bad input fails before anything is written."""
   import jax  # after argument parsing: `--help` and flag errors stay fast
+
+  from bert_jax.dist import startup
 
   from bert_jax.eval import finetune, finetune_report, tasks
 
@@ -129,6 +146,9 @@ def run(args: argparse.Namespace) -> dict:
     raise ConfigError(f"--checkpoint {args.checkpoint}: {found}; expected a workdir, its "
                       "checkpoints/ folder, a step folder or a convert import")
   task = tasks.load_task(args.task, args.data_dir)
+  explicit = (args.coordinator_address, args.num_processes, args.process_id)
+  if args.jax_distributed or any(v is not None for v in explicit):
+    startup.initialize_distributed(*explicit, initialization_timeout=args.distributed_timeout)
   output_dir = args.output_dir or os.path.join("finetune", task.name)
   tuner = finetune.FineTuner.from_checkpoint(args.checkpoint, task, recipe, step=args.step)
   log = lambda msg: print(msg, flush=True) if jax.process_index() == 0 else None

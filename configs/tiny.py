@@ -28,8 +28,6 @@ def get_config():
   c.train.phase_fractions = (1.0,)
   c.train.seq_lens = (64,)
   c.train.max_predictions = (10,)
-  # A downstream curve beside the MLM one: the shipped word-order probe at every eval.
-  c.probe.tasks = ("word_order",)
   c.log_every = 50
   c.eval_every = 400
   c.checkpoint_every = 400

@@ -435,12 +435,15 @@ class FineTuner:
 
   def save(self, results: dict, directory: str, overwrite: bool = False) -> str:
     """Writes the best run as a params-only bert-jax checkpoint in `directory`
-    (atomically); `python -m bert_jax.io.convert to-hf` exports it as
+    (atomically; on several processes, process 0 alone writes it, as it writes
+    results.json); `python -m bert_jax.io.convert to-hf` exports it as
     BertForSequenceClassification. Returns the step folder."""
     from bert_jax.io import convert
     if self.best_params is None:
       raise ConfigError("save: no fine-tuned run to save; run sweep first")
     meta = self.save_meta(results)
-    with convert.atomic_output_dir(directory, overwrite) as tmp:
-      checkpointing.save_params(tmp, meta["step"], self.best_params, meta)
+    if jax.process_index() == 0:
+      with convert.atomic_output_dir(directory, overwrite) as tmp:
+        checkpointing.save_params(tmp, meta["step"], self.best_params, meta,
+                                  this_process_only=True)
     return os.path.join(os.path.abspath(directory), "checkpoints", str(meta["step"]))

@@ -38,6 +38,7 @@ from typing import Any, Optional, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from tqdm import tqdm
 
 from bert_jax.dist import sharding
@@ -195,10 +196,14 @@ class Extractor:
 
   def __init__(self, params: Any, config: BertConfig, tokenizer: Tokenizer, *,
                dtype: str = "float32", max_length: Optional[int] = None,
-               batch_size: int = 32, devices: Optional[Sequence[Any]] = None):
+               batch_size: int = 32, devices: Optional[Sequence[Any]] = None,
+               mesh: Optional[Mesh] = None):
     """`params` is the BertModel tree (a pre-training tree's params["bert"]).
 
-    `batch_size` is rounded up to a multiple of the device count.
+    `batch_size` is rounded up to a multiple of the data-parallel device count.
+    With `mesh` (a training run's, over every process's devices) the parameters
+    stay as they are sharded there (replicated or FSDP), every process passes
+    the same inputs, and every process gets every feature (multi-host probes).
     """
     if dtype not in DTYPES:
       raise ConfigError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -216,9 +221,11 @@ class Extractor:
                         "expected at most that")
     if not isinstance(batch_size, int) or batch_size <= 0:
       raise ConfigError(f"batch_size={batch_size!r}: expected a positive integer")
-    devices = list(jax.devices() if devices is None else devices)
-    self.mesh = sharding.make_mesh(1, devices)
-    self.batch_size = -(-batch_size // len(devices)) * len(devices)
+    self._keep_sharding = mesh is not None
+    self.mesh = mesh if mesh is not None else sharding.make_mesh(
+        1, list(jax.devices() if devices is None else devices))
+    data = self.mesh.shape[sharding.DATA]
+    self.batch_size = -(-batch_size // data) * data
     self.max_length = max_length
     self.buckets = buckets(max_length)
     self.tokenizer = tokenizer
@@ -228,7 +235,10 @@ class Extractor:
     self._model = BertModel(self.config)
     self._replicated = sharding.replicated(self.mesh)
     self._batch_sharding = sharding.batch_sharding(self.mesh)
-    self.params = jax.device_put(params, self._replicated)
+    # Features come back replicated on a training mesh: each process reads all of them.
+    self._out_sharding = self._replicated if self._keep_sharding else self._batch_sharding
+    self.params = None
+    self.set_params(params)
     self._compiled: dict = {}
 
   @classmethod
@@ -250,9 +260,10 @@ class Extractor:
     """New parameters of the same shapes (e.g. a training run's current ones).
 
     `params` is the BertModel tree (a pre-training tree's params["bert"]); the
-    programs compiled so far stay valid.
+    programs compiled so far stay valid. On a training mesh they are used where
+    they are (no copy, no transfer to the host).
     """
-    self.params = jax.device_put(params, self._replicated)
+    self.params = params if self._keep_sharding else jax.device_put(params, self._replicated)
 
   # --- compiled programs ---
 
@@ -281,9 +292,11 @@ class Extractor:
       n_B = jnp.maximum(m_BxL.sum(axis=1), 1.0)  # all-padding filler rows stay finite
       return jnp.einsum("blyd,bl->byd", h_BxLxYxD, m_BxL) / n_B[:, None, None]
 
-    bs, rep = self._batch_sharding, self._replicated
+    bs = self._batch_sharding
+    param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
     batch = jax.ShapeDtypeStruct((self.batch_size, length), jnp.int32, sharding=bs)
-    compiled = jax.jit(run, in_shardings=(rep, bs, bs, bs), out_shardings=bs).lower(
+    compiled = jax.jit(run, in_shardings=(param_shardings, bs, bs, bs),
+                       out_shardings=self._out_sharding).lower(
         self.params, batch, batch, batch).compile()
     self._compiled[key] = compiled
     return compiled, True
@@ -333,6 +346,11 @@ class Extractor:
     return ids_BxL, segments_BxL, mask_BxL
 
 
+  def _global(self, x_BxL: np.ndarray) -> jax.Array:
+    # The same host batch on every process; each places the rows of its devices.
+    return jax.make_array_from_callback(x_BxL.shape, self._batch_sharding,
+                                        lambda index: x_BxL[index])
+
   def extract(self, inputs: Sequence[Input], layers: Sequence[int] | str = (-1,),
               pooling: str = "cls", progress: Optional[bool] = None) -> Features:
     """Features of `inputs` (texts, `A<TAB>B` strings or (A, B) tuples), in input order.
@@ -361,7 +379,8 @@ class Extractor:
     num_compiled = 0
 
     def collect(rows, out):
-      out = np.asarray(jax.device_get(out))
+      # A replicated output spans other processes' devices: read this process's copy.
+      out = np.asarray(out.addressable_data(0) if out.is_fully_replicated else jax.device_get(out))
       if pooled is not None:
         pooled[rows] = out[:len(rows)]
       else:
@@ -374,8 +393,7 @@ class Extractor:
       for L, rows in batches:
         fn, new = self._program(L, layers, pooling)
         num_compiled += new
-        put = lambda x: jax.device_put(x, self._batch_sharding)
-        out = fn(self.params, *map(put, self._padded_batch(enc, rows, lengths_N, L)))
+        out = fn(self.params, *map(self._global, self._padded_batch(enc, rows, lengths_N, L)))
         # Dispatch is asynchronous: copy the previous batch out while this one runs.
         if pending is not None:
           collect(*pending)

@@ -281,15 +281,24 @@ def _reason(e: BaseException) -> str:
   return text if len(text) <= 160 else text[:157] + "..."
 
 
-def save_params(directory: str, step: int, params: Any, meta: dict) -> str:
+def save_params(directory: str, step: int, params: Any, meta: dict,
+                this_process_only: bool = False) -> str:
   """Writes `<directory>/checkpoints/<step>/` with only params and meta, synchronously.
 
   For checkpoints that do not come from training (e.g. imported weights):
   there is no optimizer state, so `restore_params` reads them but training
-  cannot resume from them. Returns the step folder.
+  cannot resume from them. `this_process_only`: host (numpy) params written by
+  this process alone, with no barrier with the others (a multi-process
+  fine-tuning's process 0). Returns the step folder.
   """
   root = os.path.join(os.path.abspath(directory), "checkpoints")
-  options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=True)
+  me = jax.process_index()
+  alone = (ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+           if this_process_only and jax.process_count() > 1
+           else ocp.options.MultiprocessingOptions())
+  os.makedirs(root, exist_ok=True)  # Orbax's create=True refuses active_processes
+  options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=False,
+                                         multiprocessing_options=alone)
   mngr = ocp.CheckpointManager(root, options=options, item_handlers=_handlers())
   try:
     mngr.save(step, force=True, args=ocp.args.Composite(

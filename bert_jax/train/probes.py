@@ -9,6 +9,13 @@ so a resumed run logs the same probe rows as an uninterrupted one.
 
 One Extractor is kept for the whole run: its programs (one per length
 bucket) compile at the first probe and are reused with new parameters.
+
+Several processes (a multi-host run): the forward runs on the training mesh
+with the parameters as training shards them (replicated or FSDP; nothing is
+copied to a host), every process feeds the same probe inputs as one global
+batch and receives every feature, then fits the same deterministic probe
+(bert_jax.eval.logreg) on its own devices, so all processes hold the same
+metrics; only process 0 logs them (console, reporting).
 """
 
 from __future__ import annotations
@@ -18,8 +25,8 @@ import time
 from typing import Any, Optional
 
 import jax
+from jax.sharding import Mesh, NamedSharding
 
-from bert_jax import console
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.eval import probe, tasks
 from bert_jax.eval.task import Task
@@ -44,12 +51,6 @@ class RunProbes:
     self.s, self.tasks, self.config, self.tokenizer, self.seed = s, task_list, config, tokenizer, seed
     self.seconds = 0.0
     self._extractor: Optional[Extractor] = None
-    if self.tasks and jax.process_count() > 1:
-      # Extraction and the fit run on one process's devices; a multi-process probe
-      # (features gathered across hosts) is not built yet.
-      console.warn(f"warning: config.probe.tasks={tuple(s.tasks)} skipped: probes run on "
-                   f"single-process runs only, this run has {jax.process_count()} processes")
-      self.tasks = []
 
   def __bool__(self) -> bool:
     return bool(self.tasks)
@@ -62,7 +63,7 @@ class RunProbes:
       dtype = "bfloat16" if self.config.dtype == "bfloat16" else "float32"
       self._extractor = Extractor(encoder, self.config, self.tokenizer, dtype=dtype,
                                   max_length=min(_MAX_LENGTH, self.config.max_position_embeddings),
-                                  batch_size=64)
+                                  batch_size=64, mesh=_training_mesh(encoder))
     else:
       self._extractor.set_params(encoder)
     out = {}
@@ -76,6 +77,14 @@ class RunProbes:
                                                len(task.splits[task.eval_splits[0]])))
     self.seconds += time.perf_counter() - start
     return out
+
+
+def _training_mesh(params: Any) -> Optional[Mesh]:
+  """The mesh the parameters are sharded over in training (None: not a named sharding)."""
+  shardings = {leaf.sharding for leaf in jax.tree.leaves(params)
+               if isinstance(getattr(leaf, "sharding", None), NamedSharding)}
+  meshes = {s.mesh for s in shardings}
+  return meshes.pop() if len(meshes) == 1 else None
 
 
 def describe(metrics: dict[str, float]) -> str:
