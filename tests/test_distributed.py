@@ -41,6 +41,9 @@ TINY = [
     "--config.train.warmup_steps=1000",
     "--config.log_every=1", f"--config.checkpoint_every={HALF}",
     "--config.eval_every=1000", "--config.eval_batches=1", "--config.progress_bar=False",
+    # Probes on several processes have their own test (test_distributed_probes.py); here
+    # they would only lengthen each run's exposure to gloo's 30 s start-up window.
+    "--config.probe.tasks=()",
 ]
 
 
