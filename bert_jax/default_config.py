@@ -41,6 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.eval_fraction = 0.05  # of documents held out for evaluation
   c.data.max_eval_examples = 2048  # cap on the examples of the eval split
   c.data.max_documents = 0  # 0 = all (useful to cap TFDS corpora)
+  c.data.num_workers = 0  # processes preparing the data; 0 = this host's usable cores
   c.data.extend_vocab = 0  # with init_from: add up to N whole words of the corpus as new WordPieces
   c.data.cache_dir = ""  # '' = <workdir>/prepared; prepared data is reused from here
 

@@ -20,7 +20,7 @@ import hashlib
 import itertools
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pydoc_data.topics import topics
 
 from bert_jax.data.corpus_files import (CONTROL_CHARS, CorpusStats, check_file, detect_format,
@@ -67,6 +67,15 @@ def read_documents(spec: str, fmt: str = "auto", max_documents: int = 0,
     docs = itertools.chain.from_iterable(file_documents(p, fmt, stats) for p in paths)
   docs = _counted(docs, stats)
   return itertools.islice(docs, max_documents) if max_documents else docs
+
+
+def read_ranges(ranges: Sequence[tuple[str, int, int | None]], fmt: str,
+                stats: CorpusStats) -> Iterator[list[str]]:
+  """The documents of byte ranges (path, start, end or None = to the end) of files
+  already checked, in order: one part of a corpus (see `corpus_parts`). `fmt` is resolved."""
+  docs = itertools.chain.from_iterable(file_documents(p, fmt, stats, start, end)
+                                       for p, start, end in ranges)
+  return _counted(docs, stats)
 
 
 def files(spec: str) -> list[str]:
