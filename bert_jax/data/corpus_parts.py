@@ -25,7 +25,8 @@ from bert_jax.data import corpus
 # Big enough that a part's fixed costs (a worker's start, its last window, its
 # shard files) are small against its ~10-20 s of work; small enough that 100
 # workers have work on a corpus of a few GiB.
-PART_BYTES = 64 << 20
+# BERT_JAX_PREPARE_PART_BYTES: a hidden setting for tests of several parts on a small corpus.
+PART_BYTES = int(os.environ.get("BERT_JAX_PREPARE_PART_BYTES", 64 << 20))
 _SCAN_BYTES = 1 << 20
 # A blank line: a line end, then only whitespace (CR of CRLF included), then a line end.
 _PLAIN_BOUNDARY = re.compile(rb"\n[ \t\r\f\v]*\n")

@@ -133,6 +133,32 @@ def directory_of(data_config: DataSettings, cache_dir: str, seed: int) -> str:
   return os.path.join(os.path.abspath(cache_dir), _hash(_settings(data_config, seed)))
 
 
+def vocabulary(c: DataSettings, seq_lens: Sequence[int], cache_dir: str,
+               seed: int) -> tuple[Tokenizer, str]:
+  """The preparation's vocabulary (trained now if not stored) and the folder it is
+  stored in, for the other processes to look for: do they share this cache?"""
+  cache_dir = os.path.abspath(cache_dir)
+  key = _hash(_settings(c, seed))
+  directory = os.path.join(cache_dir, key)
+  complete = is_complete(directory)
+  if complete:
+    where = os.path.join(directory, TOKENIZER_DIR)
+    return Tokenizer.load(where), where
+  made_cache_dir = not os.path.exists(cache_dir)
+  parts_root = _parts_root(cache_dir, directory, key,
+                           _missing(directory, _checked_seq_lens(seq_lens), complete), complete)
+  try:
+    with writable(cache_dir):
+      os.makedirs(parts_root, exist_ok=True)
+      where = _shared_tokenizer(c, seed, parts_root, None)
+  except BaseException:
+    for empty in (parts_root, cache_dir if made_cache_dir else None):
+      with contextlib.suppress(OSError, TypeError):
+        os.rmdir(empty)
+    raise
+  return Tokenizer.load(where), where
+
+
 def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: int,
                   share: Share = Share(), tokenizer: Tokenizer | None = None) -> Where:
   """Prepares this process's share of the parts that are missing.

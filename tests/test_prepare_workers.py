@@ -1,0 +1,133 @@
+"""Data preparation in parts, by worker processes and by several jax.distributed processes.
+
+The parts of a corpus depend on the corpus alone (`corpus_parts`), so the
+prepared bytes must not depend on how many workers or processes made them.
+A small part size (module constant, or BERT_JAX_PREPARE_PART_BYTES for a
+train.py subprocess) gives a small test corpus several parts.
+"""
+
+import glob
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bert_jax.data import corpus, corpus_parts, dataset
+from bert_jax.settings import DataSettings
+from tools.bench_prepare import make_synthetic_corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def settings(path: str, **overrides) -> DataSettings:
+  return DataSettings(**{"corpus": path, "vocab_size": 400, "dupe_factor": 2,
+                         "max_eval_examples": 300, **overrides})
+
+
+def prepared_bytes(directory: str) -> dict[str, str]:
+  """{relative path: sha256} of everything but the timings (stats.json) and their sizes."""
+  out = {}
+  for root, _, files in os.walk(directory):
+    for f in files:
+      if f not in ("stats.json", "manifest.json"):
+        with open(os.path.join(root, f), "rb") as fh:
+          out[os.path.relpath(os.path.join(root, f), directory)] = hashlib.sha256(
+              fh.read()).hexdigest()
+  return out
+
+
+@pytest.fixture
+def text(tmp_path):
+  return make_synthetic_corpus(str(tmp_path / "corpus.txt"), 0.25)
+
+
+def test_parts_cut_at_document_boundaries_and_read_as_the_whole(tmp_path, monkeypatch, text):
+  # A glob of two files: the second's parts continue the stream of the first.
+  second = make_synthetic_corpus(str(tmp_path / "corpus2.txt"), 0.1, seed=1)
+  spec = str(tmp_path / "corpus*.txt")
+  monkeypatch.setattr(corpus_parts, "PART_BYTES", 40_000)
+  parts = corpus_parts.plan(spec, "plain", 0)
+  assert len(parts) >= 8 and [p.index for p in parts] == list(range(len(parts)))
+  assert sum(p.bytes for p in parts) == os.path.getsize(text) + os.path.getsize(second)
+  for p in parts[1:]:
+    path, start, _ = p.ranges[0]
+    if start:  # a cut inside a file follows a blank line
+      with open(path, "rb") as f:
+        f.seek(start - 2)
+        assert f.read(2) == b"\n\n"
+  stats = corpus.CorpusStats()
+  in_parts = [d for p in parts for d in corpus.read_ranges(p.ranges, "plain", stats)]
+  assert in_parts == list(corpus.read_documents(spec))
+  assert "'" in parts[1].describe() and "byte" in parts[1].describe()
+
+
+def test_a_small_corpus_is_one_part_as_before(text):
+  # Its key has no part size, so data prepared before parts existed stays valid.
+  assert len(corpus_parts.plan(text, "plain", 0)) == 1
+  assert "part_bytes" not in dataset._settings(settings(text), 0)["blocks"]  # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+def test_the_same_bytes_for_1_2_and_3_workers(tmp_path, monkeypatch, text):
+  monkeypatch.setattr(corpus_parts, "PART_BYTES", 60_000)
+  found = {}
+  for workers in (1, 2, 3):
+    p = dataset.prepare(settings(text, num_workers=workers), [32, 64],
+                        str(tmp_path / f"cache{workers}"), seed=0)
+    found[workers] = prepared_bytes(p.directory)
+    assert os.listdir(tmp_path / f"cache{workers}") == [os.path.basename(p.directory)]
+  assert found[1] == found[2] == found[3]
+  assert sum(n.startswith("seq32/train.") for n in found[1]) >= 4  # one shard per part at least
+
+
+def _prepare_in_subprocess(text: str, cache: str, workers: int) -> subprocess.Popen:
+  code = ("import sys; sys.path.insert(0, %r)\n"
+          "from bert_jax.data import dataset\n"
+          "from bert_jax.errors import BertJaxError\n"
+          "from tests.test_prepare_workers import settings\n"
+          "try:\n"
+          "  dataset.prepare(settings(%r, num_workers=%d, dupe_factor=20), [64], %r, seed=0)\n"
+          "except BertJaxError as e:\n"  # as train.py reports it
+          "  print(f'error: {e}', file=sys.stderr); sys.exit(2)\n"
+          % (ROOT, text, workers, cache))
+  env = {**os.environ, "BERT_JAX_PREPARE_PART_BYTES": "150000"}
+  return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_stops_with_one_line_and_a_rerun_completes_the_same_bytes(
+    tmp_path, monkeypatch):
+  text = make_synthetic_corpus(str(tmp_path / "corpus.txt"), 0.6)
+  cache = str(tmp_path / "cache")
+  proc = _prepare_in_subprocess(text, cache, 2)
+  deadline = time.monotonic() + 120
+  victim = None
+  while victim is None and time.monotonic() < deadline and proc.poll() is None:
+    parts = glob.glob(os.path.join(cache, ".*.parts-seq64", "part-*"))
+    staging = [p for p in parts if ".tmp-" in p]
+    if staging and len(parts) > len(staging):
+      # A part is done and a worker is writing another: its pid ends the staging name.
+      victim = int(staging[0].rpartition("-")[2])
+      os.kill(victim, signal.SIGKILL)
+    time.sleep(0.05)
+  out, err = proc.communicate(timeout=120)
+  assert victim is not None, (out, err)
+  errors = [l for l in err.splitlines() if l.startswith("error:")]
+  assert proc.returncode == 2 and len(errors) == 1, err
+  assert "SIGKILL" in errors[0] and text in errors[0] and "from byte" in errors[0], errors
+  assert not [n for n in os.listdir(cache) if not n.startswith(".")]  # nothing visible
+  done = [p for p in glob.glob(os.path.join(cache, ".*.parts-seq64", "part-*"))
+          if ".tmp-" not in p]
+  assert done  # finished parts are kept for the rerun
+  # The rerun (in this process, one worker) does what is missing; the bytes are a clean run's.
+  monkeypatch.setattr(corpus_parts, "PART_BYTES", 150_000)
+  again = dataset.prepare(settings(text, num_workers=1, dupe_factor=20), [64], cache, seed=0)
+  clean = dataset.prepare(settings(text, num_workers=2, dupe_factor=20), [64],
+                          str(tmp_path / "clean"), seed=0)
+  assert os.listdir(cache) == [os.path.basename(again.directory)]
+  assert prepared_bytes(again.directory) == prepared_bytes(clean.directory)
