@@ -131,3 +131,22 @@ def test_a_killed_worker_stops_with_one_line_and_a_rerun_completes_the_same_byte
                           str(tmp_path / "clean"), seed=0)
   assert os.listdir(cache) == [os.path.basename(again.directory)]
   assert prepared_bytes(again.directory) == prepared_bytes(clean.directory)
+
+
+@pytest.mark.slow
+def test_two_processes_prepare_together_on_a_shared_cache_as_one_process(tmp_path, monkeypatch):
+  # 2 processes x 4 CPU devices prepare the parts of one shared cache (process i
+  # the parts i mod 2) and train; the reference is one process with 8 devices.
+  from tests import test_distributed as dist  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv("BERT_JAX_PREPARE_PART_BYTES", "2000")  # several parts of data/corpus.txt
+  steps, jit = 6, str(tmp_path / "jit")
+  one = dist._run({"ref": dist._one_process(str(tmp_path / "ref"), steps, 8,  # pylint: disable=protected-access
+                                            str(tmp_path / "data_ref"))}, str(tmp_path / "l1"), jit)
+  two = dist._run(dist._two_processes(str(tmp_path / "two"), steps,  # pylint: disable=protected-access
+                                      (str(tmp_path / "shared"),) * 2), str(tmp_path / "l2"), jit)
+  assert " parts)" in one["ref"] and " parts)" in two["process0"], two
+  (ref,), (shared,) = (glob.glob(str(tmp_path / d / "*")) for d in ("data_ref", "shared"))
+  assert prepared_bytes(ref) == prepared_bytes(shared)
+  assert os.listdir(tmp_path / "shared") == [os.path.basename(shared)]  # parts merged away
+  assert dist._losses(str(tmp_path / "two")) == pytest.approx(  # pylint: disable=protected-access
+      dist._losses(str(tmp_path / "ref")), abs=1e-5)  # pylint: disable=protected-access
