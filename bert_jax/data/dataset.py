@@ -1,20 +1,16 @@
-"""Prepare pre-training data once, streaming (corpus -> WordPiece -> NSP pairs ->
-array_record), and reuse it on later runs.
+"""Prepare pre-training data once (corpus -> WordPiece -> examples -> array_record),
+in parts, by as many workers and hosts as there are, and reuse it on later runs.
 
-One pass over the corpus, in bounded memory whatever its size:
+  vocabulary   trained once (process 0) from the first `data.vocab_sample_bytes`
+               characters of training text, or read from `data.vocab_file`
+  parts        the corpus cut at document boundaries that depend on the corpus
+               alone (corpus_parts); each part prepared on its own, streaming, in
+               bounded memory (part_writer), by `data.num_workers` worker processes
+               (part_pool) and, on a shared cache, by every process (`Share`)
+  merge        the parts' records in part order: one dataset (part_merge)
 
-  documents (corpus.py, read lazily)
-    -> train/eval split, per block of up to 1000 documents (seeded shuffle)
-    -> WordPiece, a chunk of ~8k sentences per `encode_batch_flat` call
-    -> per split, windows of up to WINDOW_DOCUMENTS documents / WINDOW_TOKENS
-       tokens; NSP pairs per window (NotNext text from another document of
-       the same window), `dupe_factor` passes per window (`eval_dupe_factor`
-       for the eval split)
-    -> records appended to array_record files as they are made.
-
-A WordPiece vocabulary, when trained, is learned first from the first
-`data.vocab_sample_bytes` of training text, counted in characters (a second,
-bounded read).
+So the prepared bytes are the same for any number of workers and hosts, and a
+corpus of one part (up to 64 MiB) gives the examples it gave before parts.
 
 Layout under `cache_dir`:
 
@@ -23,20 +19,14 @@ Layout under `cache_dir`:
     stats.json            counts: documents, sentences, tokens, repaired input, examples
     tokenizer/            vocab.txt + tokenizer_config.json
     seq<L>/               info.json, train.<shard>.array_record, eval.<shard>.array_record
+  .<key>.parts-seq<L>/    while preparing: tokenizer/, part-<i>/ (complete parts only)
 
-A fresh preparation is written to `.<key>.tmp-<host>-<pid>/` and renamed to
-`<key>/` when complete; a seq_len added later is written to
-`<key>/.seq<L>.tmp-<host>-<pid>/` and renamed to `seq<L>/`. So whatever
-exists under its final name is complete, and a crash leaves only `.tmp`
-debris, which is never read and is removed by a later run.
-
-Record format (one record per example, dtype in info.json: uint16 when the
-vocabulary fits, else int32): [n_a, n, label, input_ids[L]], where n_a is the
-length of `[CLS] A [SEP]` and n the used length; segment ids and input mask
-follow from them. A split is sharded every SHARD_RECORDS records (info.json
-lists the records per shard).
-
-Shapes: K examples, L = seq_len.
+The merge is written to `.<key>.tmp-<host>-<pid>/` and renamed to `<key>/`;
+a seq_len added later goes through `<key>/.parts-seq<L>/` and
+`<key>/.seq<L>.tmp-<host>-<pid>/` to `seq<L>/`. So whatever exists under its
+final name is complete; a crash leaves the finished parts, which a rerun
+uses, and `.tmp` debris, which is never read and is removed by a later run.
+The record format is example_store's.
 """
 
 from __future__ import annotations
