@@ -150,3 +150,19 @@ def test_two_processes_prepare_together_on_a_shared_cache_as_one_process(tmp_pat
   assert os.listdir(tmp_path / "shared") == [os.path.basename(shared)]  # parts merged away
   assert dist._losses(str(tmp_path / "two")) == pytest.approx(  # pylint: disable=protected-access
       dist._losses(str(tmp_path / "ref")), abs=1e-5)  # pylint: disable=protected-access
+
+
+def test_progress_gives_tokens_per_second_and_the_time_left(monkeypatch):
+  from bert_jax.data import part_pool  # pylint: disable=import-outside-toplevel
+  clock = iter([100.0, 110.0])
+  monkeypatch.setattr(part_pool.time, "monotonic", lambda: next(clock))
+  progress = part_pool.Progress(parts=4, total_bytes=400 << 20, label=" (process 0 of 2)")
+  progress.done = {0: (5_000_000, 1.0), 1: (1_000_000, 0.5)}  # 1.5 of 4 equal parts
+  line = progress.line(110.0)
+  assert "6000000 tokens, 600000 tokens/s (process 0 of 2)" in line
+  assert "38% of 400 MiB, about 17 s left" in line  # 10 s for 3/8: 50/3 s more
+
+
+def test_a_bad_num_workers_is_one_line():
+  with pytest.raises(Exception, match="data.num_workers.*expected"):
+    settings("builtin", num_workers=-1)
