@@ -166,3 +166,22 @@ def test_progress_gives_tokens_per_second_and_the_time_left(monkeypatch):
 def test_a_bad_num_workers_is_one_line():
   with pytest.raises(Exception, match="data.num_workers.*expected"):
     settings("builtin", num_workers=-1)
+
+
+@pytest.mark.slow
+def test_a_tfds_corpus_is_cut_in_ranges_of_examples_with_the_same_bytes(tmp_path, monkeypatch):
+  from tests.test_corpus import build_toy_tfds  # pylint: disable=import-outside-toplevel
+  data_dir = tmp_path / "tfds"
+  name = build_toy_tfds(data_dir, n=48)
+  monkeypatch.setenv("TFDS_DATA_DIR", str(data_dir))  # the workers read it too
+  monkeypatch.setattr(corpus_parts, "TFDS_PART_EXAMPLES", 16)
+  spec = f"tfds:{name}:text"
+  parts = corpus_parts.plan(spec, "plain", 0)
+  assert [p.examples for p in parts] == [(0, 16), (16, 32), (32, 48)]
+  stats = corpus.CorpusStats()
+  assert [d for p in parts for d in corpus.read_tfds_range(spec, *p.examples, stats)] == list(
+      corpus.read_documents(spec))
+  found = [prepared_bytes(dataset.prepare(settings(spec, vocab_size=60, num_workers=w), [16],
+                                          str(tmp_path / f"cache{w}"), seed=0).directory)
+           for w in (1, 2)]
+  assert found[0] == found[1]

@@ -9,9 +9,11 @@ part order, are the documents of the corpus read whole; only the part-local
 seeds and windows (see `part_writer`) depend on the cuts, and the cuts on the
 bytes of the corpus alone.
 
-A corpus of at most PART_BYTES (the built-in one, any small file), a TFDS
-corpus, and any corpus read with `data.max_documents` (a count in corpus order)
-is one part: the whole corpus, read by its spec, exactly as before parts.
+A TFDS corpus is cut every TFDS_PART_EXAMPLES examples (the order of its
+'train' split). A corpus of at most one part's size (the built-in one, any
+small file or TFDS set), and any corpus read with `data.max_documents` (a
+count in corpus order), is one part: the whole corpus, read by its spec,
+exactly as before parts.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from bert_jax.data import corpus
 # workers have work on a corpus of a few GiB.
 # BERT_JAX_PREPARE_PART_BYTES: a hidden setting for tests of several parts on a small corpus.
 PART_BYTES = int(os.environ.get("BERT_JAX_PREPARE_PART_BYTES", 64 << 20))
+TFDS_PART_EXAMPLES = 20_000  # ~60 MiB of Wikipedia articles
 _SCAN_BYTES = 1 << 20
 # A blank line: a line end, then only whitespace (CR of CRLF included), then a line end.
 _PLAIN_BOUNDARY = re.compile(rb"\n[ \t\r\f\v]*\n")
@@ -37,14 +40,19 @@ Range = tuple[str, int, "int | None"]  # (path, start, end or None = to the file
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-  """One part: `ranges` of files, or () for the whole corpus read by its spec."""
+  """One part: `ranges` of files, `examples` of a TFDS corpus, or neither: the whole
+  corpus read by its spec."""
   index: int
   count: int  # parts in the corpus
   ranges: tuple[Range, ...]
-  bytes: int  # of text, for progress (0 when unknown: builtin, TFDS)
+  bytes: int  # its size, for progress: bytes of text, or TFDS examples (0: unknown)
+  examples: tuple[int, int] | None = None  # [start, end) of a TFDS corpus
 
   def describe(self) -> str:
     """The input, as an error line names it."""
+    if self.examples is not None:
+      return f"part {self.index + 1} of {self.count} (examples {self.examples[0]} to " \
+             f"{self.examples[1]})"
     if not self.ranges:
       return "the whole corpus"
     (first, start, _), (last, _, end) = self.ranges[0], self.ranges[-1]
@@ -57,6 +65,8 @@ class Part:
 
 def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
   """The parts of corpus `spec` (`fmt` resolved: 'plain' or 'tab'), in corpus order."""
+  if spec.startswith(corpus.TFDS_PREFIX) and not max_documents:
+    return _tfds_parts(corpus.tfds_size(spec))
   if not corpus.is_files(spec) or max_documents:
     return [Part(0, 1, (), _size(spec))]
   paths = corpus.files(spec)
@@ -79,6 +89,14 @@ def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
   return [Part(i, len(ranges), tuple(r), sum((e if e is not None else sizes[paths.index(p)]) - s
                                              for p, s, e in r))
           for i, r in enumerate(ranges)]
+
+
+def _tfds_parts(n: int) -> list[Part]:
+  if n <= TFDS_PART_EXAMPLES:
+    return [Part(0, 1, (), n)]
+  starts = list(range(0, n, TFDS_PART_EXAMPLES))
+  return [Part(i, len(starts), (), min(s + TFDS_PART_EXAMPLES, n) - s,
+               (s, min(s + TFDS_PART_EXAMPLES, n))) for i, s in enumerate(starts)]
 
 
 def _size(spec: str) -> int:

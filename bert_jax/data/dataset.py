@@ -340,10 +340,21 @@ def _settings(c: DataSettings, seed: int) -> dict:
       **({"objective": c.objective} if c.objective != "mlm+nsp" else {}),
       "blocks": {"split_documents": w.SPLIT_BLOCK_DOCUMENTS, "split_chars": w.SPLIT_BLOCK_CHARS,
                  "window_documents": w.WINDOW_DOCUMENTS, "window_tokens": w.WINDOW_TOKENS,
-                 # Only for a corpus of several parts: a one-part corpus's data is as before.
-                 **({"part_bytes": corpus_parts.PART_BYTES}
-                    if _corpus_bytes(c, fingerprint) > corpus_parts.PART_BYTES else {})},
+                 **_part_size(c, fingerprint)},
   }
+
+
+def _part_size(c: DataSettings, fingerprint: dict) -> dict:
+  """The part size, in the key of a corpus that may have several parts: a corpus of
+  text files over one part's size, and every TFDS corpus (its size is only known by
+  opening it, which a start with complete data should not have to do)."""
+  if c.max_documents:
+    return {}
+  if "tfds" in fingerprint:
+    return {"tfds_part_examples": corpus_parts.TFDS_PART_EXAMPLES}
+  if _corpus_bytes(c, fingerprint) > corpus_parts.PART_BYTES:
+    return {"part_bytes": corpus_parts.PART_BYTES}
+  return {}
 
 
 def _corpus_bytes(c: DataSettings, fingerprint: dict) -> int:

@@ -106,8 +106,12 @@ def prepare_part(job: PartJob, report: Report) -> None:
 def part_documents(c: DataSettings, part: corpus_parts.Part, fmt: str, seed: int,
                    stats: corpus.CorpusStats) -> Iterator[tuple[bool, list[str]]]:
   """(is_eval, document) of one part, in corpus order."""
-  docs = (corpus.read_documents(c.corpus, c.format, c.max_documents, stats=stats)
-          if not part.ranges else corpus.read_ranges(part.ranges, fmt, stats))
+  if part.examples is not None:
+    docs = corpus.read_tfds_range(c.corpus, *part.examples, stats)
+  elif part.ranges:
+    docs = corpus.read_ranges(part.ranges, fmt, stats)
+  else:
+    docs = corpus.read_documents(c.corpus, c.format, c.max_documents, stats=stats)
   return split_documents(docs, c.eval_fraction, seed, c.corpus, part.index,
                          whole=part.count == 1)
 
@@ -275,7 +279,7 @@ class _PartWriter:
                                            for l in self.seq_lens)
         if time.monotonic() >= next_report:
           next_report = time.monotonic() + _REPORT_SECONDS
-          self.report(self.counts["tokens"], self.counts["chars"] / max(self.job.part.bytes, 1))
+          self.report(self.counts["tokens"], self._share_done())
       for split, buffer in self.buffers.items():
         self._emit(split, buffer.finish())
     finally:
@@ -283,6 +287,11 @@ class _PartWriter:
         writer.close()
     self.report(self.counts["tokens"], 1.0)
     return self._stats()
+
+  def _share_done(self) -> float:
+    """Of the part's size: bytes (counted as characters) or TFDS examples."""
+    done = self.corpus_stats.documents if self.job.part.examples else self.counts["chars"]
+    return done / max(self.job.part.bytes, 1)
 
   def _emit(self, split: str, window: pretraining_data.Window | None) -> None:
     if window is None:
