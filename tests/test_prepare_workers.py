@@ -185,3 +185,45 @@ def test_a_tfds_corpus_is_cut_in_ranges_of_examples_with_the_same_bytes(tmp_path
                                           str(tmp_path / f"cache{w}"), seed=0).directory)
            for w in (1, 2)]
   assert found[0] == found[1]
+
+
+def _train_records(directory: str) -> list[bytes]:
+  from bert_jax.data import dataset as ds  # pylint: disable=import-outside-toplevel,reimported
+  src = ds.open_split(directory, 32, "train")
+  b = src.read_batch(list(range(len(src))))
+  return sorted(ids.tobytes() + seg.tobytes() + label.tobytes()
+                for ids, seg, label in zip(b.input_ids_BxL, b.segment_ids_BxL,
+                                           b.next_sentence_label_B))
+
+
+@pytest.mark.slow
+def test_host_local_caches_prepare_disjoint_parts_and_resume_exactly(tmp_path, monkeypatch):
+  # 2 processes, each its own cache: process i prepares and reads the parts i, i+2 only;
+  # together they hold the shared preparation's training examples. A run stopped at
+  # step 3 and resumed gives the losses of one uninterrupted run.
+  from tests import test_distributed as dist  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv("BERT_JAX_PREPARE_PART_BYTES", "1000")  # 4 parts of data/corpus.txt
+  jit = str(tmp_path / "jit")
+
+  def two(name: str, steps: int) -> dict:
+    return {f"{name}{k}": v for k, v in dist._two_processes(  # pylint: disable=protected-access
+        str(tmp_path / name), steps, (str(tmp_path / f"{name}_data0"),
+                                      str(tmp_path / f"{name}_data1"))).items()}
+
+  # One 2-process run at a time: two at once on 2 cores can miss Gloo's 30 s deadline.
+  first = dist._run({**two("whole", 6),  # pylint: disable=protected-access
+                     "ref": dist._one_process(str(tmp_path / "ref"), 1, 1,  # pylint: disable=protected-access
+                                              str(tmp_path / "ref_data"))},
+                    str(tmp_path / "l1"), jit)
+  for i, steps in enumerate((3, 6)):
+    dist._run(two("halves", steps), str(tmp_path / f"l{i + 2}"), jit)  # pylint: disable=protected-access
+  assert "4 parts" in first["ref"], first["ref"]
+  (own0,), (own1,), (ref,) = (glob.glob(str(tmp_path / d / "*"))
+                              for d in ("whole_data0", "whole_data1", "ref_data"))
+  assert own0 != own1
+  assert "2 parts" in first["wholeprocess0"] and "2 parts" in first["wholeprocess1"]
+  assert sorted(_train_records(own0) + _train_records(own1)) == _train_records(ref)
+  whole, halves = (dist._losses(str(tmp_path / n)) for n in ("whole", "halves"))  # pylint: disable=protected-access
+  assert sorted(whole) == sorted(halves) == list(range(1, 7))
+  assert [halves[s] for s in range(1, 7)] == pytest.approx([whole[s] for s in range(1, 7)],
+                                                           abs=1e-6)

@@ -67,6 +67,17 @@ class Prepared:
   train: dict[int, Any]
   eval: dict[int, Any]
   directory: str
+  # Host-local parts (see `Share`): this host reads only its own examples, and every
+  # host's eval examples per seq_len are in `eval_sizes` (eval steps stay in step).
+  local: Share | None = None
+  eval_sizes: dict[int, list[int]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+  """Which parts a process prepares: those with part index % count == index."""
+  index: int = 0
+  count: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,29 +86,35 @@ class Where:
   directory: str
   settings: dict
   complete: bool  # every seq_len asked for is there
-
-
-@dataclasses.dataclass(frozen=True)
-class Share:
-  """Which parts this process prepares: those with index % count == index."""
-  index: int = 0
-  count: int = 1
+  local: Share | None = None  # a preparation of this share's parts only
 
 
 def prepare(data_config: DataSettings, seq_lens: Sequence[int], cache_dir: str,
-            seed: int) -> Prepared:
-  """Returns the data for every seq_len, preparing (only) what is not stored yet."""
+            seed: int, local: Share | None = None,
+            tokenizer: Tokenizer | None = None) -> Prepared:
+  """Returns the data for every seq_len, preparing (only) what is not stored yet.
+
+  With `local`, the data holds only that share's parts (a host-local cache:
+  the hosts' data together are the whole corpus's).
+  """
   seq_lens = _checked_seq_lens(seq_lens)
   made_cache_dir = not os.path.exists(cache_dir)
   try:
-    where = prepare_parts(data_config, seq_lens, cache_dir, seed)
+    where = prepare_parts(data_config, seq_lens, cache_dir, seed, tokenizer=tokenizer,
+                          local=local)
     directory = finish(data_config, seq_lens, where, seed)
   except BaseException:
     if made_cache_dir:  # a failed run leaves no trace, not even an empty folder
       with contextlib.suppress(OSError):
         os.rmdir(cache_dir)
     raise
-  return load(directory, seq_lens)
+  return dataclasses.replace(load(directory, seq_lens), local=local)
+
+
+def parts_count(c: DataSettings) -> int:
+  """How many parts the corpus has."""
+  return len(corpus_parts.plan(c.corpus, corpus.resolve_format(c.corpus, c.format),
+                               c.max_documents))
 
 
 def _checked_seq_lens(seq_lens: Sequence[int]) -> list[int]:
@@ -116,11 +133,6 @@ def load(directory: str, seq_lens: Sequence[int]) -> Prepared:
   for l in seq_lens:
     train[l], eval_[l] = open_split(directory, l, "train"), open_split(directory, l, "eval")
   return Prepared(tokenizer=tokenizer, train=train, eval=eval_, directory=directory)
-
-
-def directory_of(data_config: DataSettings, cache_dir: str, seed: int) -> str:
-  """Where the preparation of these settings lives (complete or not)."""
-  return os.path.join(os.path.abspath(cache_dir), _hash(_settings(data_config, seed)))
 
 
 def vocabulary(c: DataSettings, seq_lens: Sequence[int], cache_dir: str,
@@ -150,14 +162,19 @@ def vocabulary(c: DataSettings, seq_lens: Sequence[int], cache_dir: str,
 
 
 def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: int,
-                  share: Share = Share(), tokenizer: Tokenizer | None = None) -> Where:
+                  share: Share = Share(), tokenizer: Tokenizer | None = None,
+                  local: Share | None = None) -> Where:
   """Prepares this process's share of the parts that are missing.
 
   `finish` then makes the preparation complete, once every share is done.
   `tokenizer` (another process's vocabulary) is used instead of training one.
+  With `local`, the preparation holds that share's parts only (see `prepare`).
   """
   cache_dir = os.path.abspath(cache_dir)
+  share = local or share
   settings = _settings(c, seed)
+  if local is not None:  # another key: the data of one share
+    settings["host_share"] = {"index": local.index, "count": local.count}
   key = _hash(settings)
   directory = os.path.join(cache_dir, key)
   _remove_stale(cache_dir, f".{key}.tmp-")
@@ -168,7 +185,7 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
     _remove_stale(directory, ".seq")
   missing = _missing(directory, seq_lens, complete)
   if not missing:
-    return Where(directory, settings, True)
+    return Where(directory, settings, True, local)
   parts_root = _parts_root(cache_dir, directory, key, missing, complete)
   if share.index == 0:
     print(f"Preparing pre-training data from '{c.corpus}' for seq_len "
@@ -179,8 +196,7 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
       _remove_stale(parts_root, "part-")
       tokenizer_dir = os.path.join(directory, TOKENIZER_DIR) if complete else (
           _shared_tokenizer(c, seed, parts_root, tokenizer))
-      jobs = part_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
-      mine = [j for j in jobs if j.part.index % share.count == share.index]
+      mine = _share_of(part_merge.jobs(c, tokenizer_dir, parts_root, missing, seed), share)
       workers = c.num_workers or part_pool.usable_cores()
       label = f" (process {share.index} of {share.count})" if share.count > 1 else ""
       part_pool.run(mine, workers, sum(j.part.bytes for j in mine), label)
@@ -191,7 +207,11 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
                             for n in os.listdir(parts_root)):
       shutil.rmtree(parts_root, ignore_errors=True)
     raise
-  return Where(directory, settings, False)
+  return Where(directory, settings, False, local)
+
+
+def _share_of(jobs: list[part_writer.PartJob], share: Share) -> list[part_writer.PartJob]:
+  return [j for j in jobs if j.part.index % share.count == share.index]
 
 
 def _missing(directory: str, seq_lens: list[int], complete: bool) -> list[int]:
@@ -233,6 +253,8 @@ def finish(c: DataSettings, seq_lens: list[int], where: Where, seed: int) -> str
   parts_root = _parts_root(cache_dir, directory, key, missing, complete)
   tokenizer_dir = os.path.join(directory if complete else parts_root, TOKENIZER_DIR)
   jobs = part_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
+  if where.local is not None:
+    jobs = _share_of(jobs, where.local)
   try:
     with writable(cache_dir):
       if complete:

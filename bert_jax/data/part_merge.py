@@ -144,3 +144,12 @@ def _report(c: DataSettings, stats: dict) -> None:
     print(f"warning: corpus '{c.corpus}': {stats['one_sentence_documents']} of "
           f"{stats['documents']} document(s) have a single sentence, so all their "
           "examples are NotNext (B from another document)", file=sys.stderr, flush=True)
+
+
+def discard_unused(tokenizer_dir: str) -> None:
+  """Removes a parts folder that holds only its vocabulary (`dataset.vocabulary` made it
+  for a preparation that another, host-local one replaces)."""
+  root = os.path.dirname(tokenizer_dir)
+  if ".parts-seq" in os.path.basename(root) and not any(
+      n.startswith("part-") for n in os.listdir(root)):
+    shutil.rmtree(root, ignore_errors=True)

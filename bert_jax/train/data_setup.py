@@ -2,17 +2,19 @@
 
 With several processes, process 0 makes the vocabulary (trained once, on its
 sample) and every other process uses it. Then, when every process sees the
-same cache (process 0's vocabulary file is visible to all), they prepare the
+same cache (a probe file process 0 writes in it), they prepare the
 parts of the corpus together, process i the parts with index % P == i, each
 with its host's workers, and process 0 merges them and makes the data visible
-once all are done. Otherwise (a cache per host) every host prepares the whole
-corpus with process 0's vocabulary, all at the same time. Any process's
-failure stops every process with one line (see `_agree`).
+once all are done. Otherwise (a cache per host) process i prepares and reads
+only the parts i, i+P, ... (`dataset.Share`; input_pipeline's `per_host`), or,
+for a corpus of fewer parts than processes, the whole corpus, all hosts at the
+same time. Any process's failure stops every process with one line (`_agree`).
 """
 
 import dataclasses
 import json
 import os
+import secrets
 import tempfile
 from typing import Callable
 
@@ -20,7 +22,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax.data import dataset
+from bert_jax.data import dataset, part_merge
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.settings import DataSettings
 from bert_jax.data.tokenizer import Tokenizer
@@ -53,8 +55,11 @@ def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_di
   if "error" in msg:
     cls = BertJaxError if msg["user_error"] else RuntimeError
     raise cls(f"process 0 could not prepare the data: {msg['error']}")
-  # Every process's view of the cache: shared only if all see process 0's vocabulary.
-  shared = all(m["sees"] for m in _gather_json({"sees": os.path.isdir(msg["where"])}))
+  # Shared only if every process finds process 0's probe in its own cache_dir.
+  probe = os.path.join(os.path.abspath(cache_dir), f".probe-{msg['probe']}")
+  shared = all(m["sees"] for m in _gather_json({"sees": os.path.exists(probe)}))
+  if me == 0:
+    os.remove(probe)
   tokenizer = Tokenizer(msg["vocab"], msg["lowercase"])
   if shared:
     share = dataset.Share(me, count)
@@ -63,6 +68,8 @@ def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_di
     directory = _agree(lambda: dataset.finish(data, seq_lens, where, seed) if me == 0 else "")
     directory = _broadcast_from_process_0(directory)
     return dataset.load(directory, sorted(set(seq_lens)))
+  if msg["parts"] >= count:  # every host prepares and reads only its own parts
+    return _prepare_host_local(data, seq_lens, cache_dir, seed, msg, tokenizer)
   if me == 0 or data.vocab_file:
     prepared = _agree(lambda: dataset.prepare(data, seq_lens, cache_dir, seed))
   else:
@@ -78,10 +85,40 @@ def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_di
   return prepared
 
 
+def _prepare_host_local(data: DataSettings, seq_lens: list[int], cache_dir: str, seed: int,
+                        msg: dict, tokenizer: Tokenizer) -> dataset.Prepared:
+  """Host-local caches: process i prepares and reads the parts i, i+P, ... only."""
+  me, count = jax.process_index(), jax.process_count()
+
+  def mine() -> dataset.Prepared:
+    if me == 0:
+      part_merge.discard_unused(msg["where"])  # its vocabulary goes into the share's data
+    elif dataset.parts_count(data) != msg["parts"]:
+      raise ConfigError(f"config.data.corpus: '{data.corpus}' on process {me} has "
+                        f"{dataset.parts_count(data)} parts, on process 0 {msg['parts']}; "
+                        "expected the same corpus on every host")
+    return dataset.prepare(data, seq_lens, cache_dir, seed, dataset.Share(me, count),
+                           tokenizer)
+
+  prepared = _agree(mine)
+  if prepared.tokenizer.vocab != msg["vocab"]:
+    raise ConfigError(
+        f"config.data.cache_dir: process {me}'s prepared data {prepared.directory} has another "
+        "vocabulary than process 0's; delete it on this host, or set config.data.vocab_file")
+  sizes = _gather_json({str(l): len(src) for l, src in prepared.eval.items()})
+  return dataclasses.replace(prepared, eval_sizes={l: [s[str(l)] for s in sizes]
+                                                   for l in prepared.eval})
+
+
 def _vocabulary_message(data: DataSettings, seq_lens: list[int], cache_dir: str,
                         seed: int) -> dict:
   tokenizer, where = dataset.vocabulary(data, seq_lens, cache_dir, seed)
-  return {"vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "where": where}
+  probe = secrets.token_hex(8)  # a file only processes that share this cache_dir see
+  with open(os.path.join(os.path.abspath(cache_dir), f".probe-{probe}"), "w",
+            encoding="utf-8"):
+    pass
+  return {"vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "where": where,
+          "parts": dataset.parts_count(data), "probe": probe}
 
 
 def _failure(e: BaseException) -> dict:

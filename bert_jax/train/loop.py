@@ -133,9 +133,11 @@ class TrainLoop:
     return ev
 
   def eval_batches(self, phase: Phase):
+    sizes = self.prepared.eval_sizes  # host-local parts: every host's eval examples
     return input_pipeline.eval_batches(self.prepared.eval[phase.seq_len],
                                        self.s.train.batch_size,
-                                       jax.process_index(), jax.process_count())
+                                       jax.process_index(), jax.process_count(),
+                                       sizes[phase.seq_len] if sizes else None)
 
   def evaluate(self, phase: Phase) -> dict:
     t0 = time.perf_counter()
@@ -194,7 +196,7 @@ class TrainLoop:
     it = input_pipeline.TrainIterator(
         self.prepared.train[phase.seq_len], B, seed=run.seed + phase.index,
         process_index=jax.process_index(), process_count=jax.process_count(),
-        start_batch=start_batch)
+        start_batch=start_batch, per_host=self.prepared.local is not None)
     step_fn = self.steps.train_step_fn(phase.max_predictions)
     console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
                 f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
