@@ -227,3 +227,31 @@ def test_host_local_caches_prepare_disjoint_parts_and_resume_exactly(tmp_path, m
   assert sorted(whole) == sorted(halves) == list(range(1, 7))
   assert [halves[s] for s in range(1, 7)] == pytest.approx([whole[s] for s in range(1, 7)],
                                                            abs=1e-6)
+
+
+def _examples(n: int, first: int) -> list[dict]:
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  return [{"input_ids": np.full(4, first + i, np.int32), "segment_ids": np.zeros(4, np.int32),
+           "input_mask": np.ones(4, np.int32), "next_sentence_label": np.int32(0)}
+          for i in range(n)]
+
+
+def test_per_host_streams_give_global_batches_of_both_hosts_and_resume_exactly():
+  from bert_jax.data import input_pipeline  # pylint: disable=import-outside-toplevel
+  hosts = [_examples(10, 0), _examples(7, 100)]  # host-local examples: 0.., 100..
+  its = [input_pipeline.TrainIterator(hosts[p], 8, seed=3, process_index=p, process_count=2,
+                                      prefetch=0, per_host=True) for p in range(2)]
+  batches = [[next(it).input_ids_BxL[:, 0].tolist() for _ in range(5)] for it in its]
+  assert all(len(b) == 4 and max(b) < 100 for b in batches[0])  # host 0 reads its own only
+  assert all(len(b) == 4 and min(b) >= 100 for b in batches[1])
+  assert sorted(batches[0][0] + batches[0][1] + batches[0][2][:2]) == list(range(10))  # epoch 0
+  resumed = input_pipeline.TrainIterator(hosts[1], 8, seed=3, process_index=1, process_count=2,
+                                         start_batch=3, prefetch=0, per_host=True)
+  assert [next(resumed).input_ids_BxL[:, 0].tolist() for _ in range(2)] == batches[1][3:]
+  # Eval: as many batches on each host as the largest needs, every example once.
+  evals = [list(input_pipeline.eval_batches(hosts[p], 8, p, 2, host_sizes=[10, 7]))
+           for p in range(2)]
+  assert len(evals[0]) == len(evals[1]) == 3
+  seen = [int(x) for e in evals for b in e for x, m in zip(b.input_ids_BxL[:, 0],
+                                                             b.example_mask_B) if m]
+  assert sorted(seen) == list(range(10)) + list(range(100, 107))
