@@ -73,10 +73,11 @@ def _reset_peak_rss() -> bool:
 
 
 class _TreeRss:
-  """Peak of the summed RSS of this process and its children (the workers), sampled."""
+  """Peak of the summed RSS of this process and its children (the workers), sampled;
+  and the most threads any worker had (its tokenizer must not add a thread pool)."""
 
   def __init__(self, every: float = 0.1):
-    self.peak_mb, self.every = 0.0, every
+    self.peak_mb, self.every, self.worker_threads = 0.0, every, 0
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -90,7 +91,10 @@ class _TreeRss:
 
   def _run(self) -> None:
     while not self._stop.is_set():
-      self.peak_mb = max(self.peak_mb, sum(_status_mb(p, "VmRSS") for p in _tree(os.getpid())))
+      tree = _tree(os.getpid())
+      self.peak_mb = max(self.peak_mb, sum(_status(p, "VmRSS") for p in tree) / 1024)
+      self.worker_threads = max([self.worker_threads] + [_status(p, "Threads")
+                                                         for p in tree[1:]])
       self._stop.wait(self.every)
 
 
@@ -103,15 +107,16 @@ def _tree(pid: int) -> list[int]:
   return [pid] + [p for c in children for p in _tree(c)]
 
 
-def _status_mb(pid: int, field: str) -> float:
+def _status(pid: int, field: str) -> int:
+  """A number of /proc/<pid>/status (kB for memory fields); 0 when the process is gone."""
   try:
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
       for line in f:
         if line.startswith(field + ":"):
-          return int(line.split()[1]) / 1024
+          return int(line.split()[1])
   except OSError:
     pass
-  return 0.0
+  return 0
 
 
 def benchmark_prepare(corpus_path: str | None = None, megabytes: float = 50.0,
@@ -163,6 +168,7 @@ def benchmark_prepare(corpus_path: str | None = None, megabytes: float = 50.0,
       "example_tokens": example_tokens, "vocab_seconds": vocab_seconds,
       "seq_len": seq_len, "dupe_factor": dupe_factor, "workers": workers,
       "tree_peak_rss_mb": max(tree.peak_mb, peak), "parts": stats.get("parts", 1),
+      "worker_threads": tree.worker_threads,
       # The names tools.bench reads.
       "median_s": seconds, "min_s": seconds, "max_s": seconds, "timed_steps": 1,
       "compile_s": 0.0, "compile_note": "", "corpus_tokens": tokens,
@@ -188,8 +194,8 @@ def _bench_main(argv: Sequence[str] | None = None) -> None:
   sizes = [None] if args.corpus else args.megabytes
   workers = [int(w) for w in args.workers.split(",")]
   print("| corpus MiB | workers | parts | tokens | seconds | tokens/s | scaling | CPU s "
-        "| peak RSS MiB (all processes) | vocab s |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+        "| peak RSS MiB (all processes) | threads per worker | vocab s |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
   for mb in sizes:
     single = None
     for w in workers:
@@ -199,7 +205,7 @@ def _bench_main(argv: Sequence[str] | None = None) -> None:
       print(f"| {r['corpus_mb']:.0f} | {w} | {r['parts']} | {r['tokens']} | "
             f"{r['seconds']:.1f} | {r['tokens_per_sec']:.0f} | {scaling} | "
             f"{r['cpu_seconds']:.1f} | {r['tree_peak_rss_mb']:.0f} | "
-            f"{r['vocab_seconds']:.1f} |", flush=True)
+            f"{r['worker_threads'] or '-'} | {r['vocab_seconds']:.1f} |", flush=True)
 
 
 def _run_one(args: argparse.Namespace, mb: float | None, workers: int) -> dict:

@@ -2,7 +2,9 @@
 
 A part's boundaries depend only on the corpus, never on how many workers or
 hosts prepare it: the text files of a corpus (a glob's files in sorted order)
-are seen as one byte stream, cut every PART_BYTES, and each cut moved forward
+are seen as one byte stream, cut every `part_bytes(total size)` bytes (parts
+of 16 to 64 MiB, about TARGET_PARTS of them: enough that workers finish
+together, few enough that shard files stay few), and each cut moved forward
 to the next document boundary (after a blank line for `plain`, after a line end
 for `tab`; a file's end always is one). So the documents of the parts, read in
 part order, are the documents of the corpus read whole; only the part-local
@@ -24,11 +26,14 @@ import re
 
 from bert_jax.data import corpus
 
-# Big enough that a part's fixed costs (a worker's start, its last window, its
-# shard files) are small against its ~10-20 s of work; small enough that 100
-# workers have work on a corpus of a few GiB.
+# A corpus up to PART_BYTES is one part. Above, parts of MIN_PART_BYTES to PART_BYTES,
+# about TARGET_PARTS of them: a part's fixed costs (its last window, its shard
+# files) stay small against its seconds of work, and with many more parts than
+# workers the last ones finish close together.
 # BERT_JAX_PREPARE_PART_BYTES: a hidden setting for tests of several parts on a small corpus.
 PART_BYTES = int(os.environ.get("BERT_JAX_PREPARE_PART_BYTES", 64 << 20))
+MIN_PART_BYTES = 16 << 20
+TARGET_PARTS = 256
 TFDS_PART_EXAMPLES = 20_000  # ~60 MiB of Wikipedia articles
 _SCAN_BYTES = 1 << 20
 # A blank line: a line end, then only whitespace (CR of CRLF included), then a line end.
@@ -73,12 +78,13 @@ def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
   sizes = [os.path.getsize(p) for p in paths]
   if sum(sizes) <= PART_BYTES:
     return [Part(0, 1, (), sum(sizes))]
+  step = part_bytes(sum(sizes))
   cuts = [(0, 0)]
   stream = 0  # stream offset of file i's start
   for i, (path, size) in enumerate(zip(paths, sizes)):
-    k = stream // PART_BYTES + 1
-    while k * PART_BYTES < stream + size:
-      at = _next_boundary(path, k * PART_BYTES - stream, fmt)
+    k = stream // step + 1
+    while k * step < stream + size:
+      at = _next_boundary(path, k * step - stream, fmt)
       cut = (i, at) if at is not None and at < size else (i + 1, 0)
       if cut > cuts[-1] and cut != (len(paths), 0):
         cuts.append(cut)
@@ -89,6 +95,13 @@ def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
   return [Part(i, len(ranges), tuple(r), sum((e if e is not None else sizes[paths.index(p)]) - s
                                              for p, s, e in r))
           for i, r in enumerate(ranges)]
+
+
+def part_bytes(total: int) -> int:
+  """The part size of a text corpus of `total` bytes (all of it for one part)."""
+  if total <= PART_BYTES:
+    return total
+  return min(PART_BYTES, max(MIN_PART_BYTES, total // TARGET_PARTS))
 
 
 def _tfds_parts(n: int) -> list[Part]:

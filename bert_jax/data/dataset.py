@@ -374,9 +374,8 @@ def _part_size(c: DataSettings, fingerprint: dict) -> dict:
     return {}
   if "tfds" in fingerprint:
     return {"tfds_part_examples": corpus_parts.TFDS_PART_EXAMPLES}
-  if _corpus_bytes(c, fingerprint) > corpus_parts.PART_BYTES:
-    return {"part_bytes": corpus_parts.PART_BYTES}
-  return {}
+  total = _corpus_bytes(c, fingerprint)
+  return {"part_bytes": corpus_parts.part_bytes(total)} if total > corpus_parts.PART_BYTES else {}
 
 
 def _corpus_bytes(c: DataSettings, fingerprint: dict) -> int:
