@@ -71,7 +71,6 @@ def test_a_small_corpus_is_one_part_as_before(text):
   assert "part_bytes" not in dataset._settings(settings(text), 0)["blocks"]  # pylint: disable=protected-access
 
 
-@pytest.mark.slow
 def test_the_same_bytes_for_1_2_and_3_workers(tmp_path, monkeypatch, text):
   monkeypatch.setattr(corpus_parts, "PART_BYTES", 60_000)
   found = {}
