@@ -38,7 +38,6 @@ import json
 import os
 import shutil
 import socket
-import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -154,9 +153,10 @@ def vocabulary(c: DataSettings, seq_lens: Sequence[int], cache_dir: str,
       os.makedirs(parts_root, exist_ok=True)
       where = _shared_tokenizer(c, seed, parts_root, None)
   except BaseException:
-    for empty in (parts_root, cache_dir if made_cache_dir else None):
-      with contextlib.suppress(OSError, TypeError):
-        os.rmdir(empty)
+    with contextlib.suppress(OSError):  # bad input leaves no empty folders
+      os.rmdir(parts_root)
+      if made_cache_dir:
+        os.rmdir(cache_dir)
     raise
   return Tokenizer.load(where), where
 
