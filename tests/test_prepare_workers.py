@@ -8,6 +8,7 @@ train.py subprocess) gives a small test corpus several parts.
 
 import glob
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -151,15 +152,21 @@ def test_two_processes_prepare_together_on_a_shared_cache_as_one_process(tmp_pat
       dist._losses(str(tmp_path / "ref")), abs=1e-5)  # pylint: disable=protected-access
 
 
-def test_progress_gives_tokens_per_second_and_the_time_left(monkeypatch):
-  from bert_jax.data import part_pool  # pylint: disable=import-outside-toplevel
+def test_progress_gives_tokens_per_second_and_the_time_left(monkeypatch, tmp_path):
+  from bert_jax.data import part_pool, part_writer  # pylint: disable=import-outside-toplevel
   clock = iter([100.0, 110.0])
   monkeypatch.setattr(part_pool.time, "monotonic", lambda: next(clock))
-  progress = part_pool.Progress(parts=4, total_bytes=400 << 20, label=" (process 0 of 2)")
-  progress.done = {0: (5_000_000, 1.0), 1: (1_000_000, 0.5)}  # 1.5 of 4 equal parts
+  jobs = [part_writer.PartJob(None, corpus_parts.Part(i, 4, (("a", 0, None),), 100 << 20),
+                              "plain", "", str(tmp_path / f"part-{i}"), (16,), 0)
+          for i in range(4)]
+  os.makedirs(tmp_path / "part-3")  # another process's part, done: counted
+  with open(tmp_path / "part-3" / part_writer.PART_FILE, "w", encoding="utf-8") as f:
+    json.dump({"counts": {"tokens": 4_000_000}}, f)
+  progress = part_pool.Progress(jobs[:2], " (process 0 of 2)", others=jobs[2:])
+  progress.done = {0: (5_000_000, 1.0), 1: (1_000_000, 0.5)}  # 2.5 of 4 equal parts
   line = progress.line(110.0)
-  assert "6000000 tokens, 600000 tokens/s (process 0 of 2)" in line
-  assert "38% of 400 MiB, about 17 s left" in line  # 10 s for 3/8: 50/3 s more
+  assert "10000000 tokens, 1000000 tokens/s (process 0 of 2)" in line
+  assert "62% of 400 MiB, about 6 s left" in line  # 10 s for 5/8: 6 s more
 
 
 def test_a_bad_num_workers_is_one_line():

@@ -196,10 +196,12 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
       _remove_stale(parts_root, "part-")
       tokenizer_dir = os.path.join(directory, TOKENIZER_DIR) if complete else (
           _shared_tokenizer(c, seed, parts_root, tokenizer))
-      mine = _share_of(part_merge.jobs(c, tokenizer_dir, parts_root, missing, seed), share)
+      jobs = part_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
+      mine = _share_of(jobs, share)
       workers = c.num_workers or part_pool.usable_cores()
       label = f" (process {share.index} of {share.count})" if share.count > 1 else ""
-      part_pool.run(mine, workers, sum(j.part.bytes for j in mine), label)
+      others = [j for j in jobs if j not in mine] if local is None else []
+      part_pool.run(mine, workers, label, others)
   except BaseException as e:
     # Finished parts are kept for a rerun, unless the input is bad (nothing to resume).
     bad_input = isinstance(e, BertJaxError) and not isinstance(e, part_pool.PreparationError)

@@ -16,6 +16,7 @@ the hidden parts folder for a rerun.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -43,11 +44,12 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def run(jobs: Sequence[part_writer.PartJob], workers: int, total_bytes: int,
-        label: str = "") -> None:
+def run(jobs: Sequence[part_writer.PartJob], workers: int, label: str = "",
+        others: Sequence[part_writer.PartJob] = ()) -> None:
   """Prepares every job's part: in this process when `workers` <= 1 or there is one
-  job, else in min(workers, jobs) worker processes."""
-  progress = Progress(len(jobs), total_bytes, label)
+  job, else in min(workers, jobs) worker processes. `others` are the parts other
+  processes prepare into the same folder (counted in the progress once done)."""
+  progress = Progress(jobs, label, others)
   if workers <= 1 or len(jobs) <= 1:
     for i, job in enumerate(jobs):
       part_writer.prepare_part(job, lambda t, f, i=i: progress.update(i, t, f))
@@ -56,33 +58,45 @@ def run(jobs: Sequence[part_writer.PartJob], workers: int, total_bytes: int,
 
 
 class Progress:
-  """Tokens/s over all parts, and the time left from the share of the corpus's bytes done."""
+  """Tokens/s over all parts (other processes' once done), and the time left from the
+  share of the corpus done (bytes of text, or TFDS examples)."""
 
-  def __init__(self, parts: int, total_bytes: int, label: str = ""):
+  def __init__(self, jobs: Sequence[part_writer.PartJob], label: str = "",
+               others: Sequence[part_writer.PartJob] = ()):
     self.start = time.monotonic()
     self.next = self.start + PROGRESS_SECONDS
-    self.parts, self.total_bytes, self.label = parts, total_bytes, label
-    self.done: dict[int, tuple[int, float]] = {}  # part -> (tokens, share of its bytes)
-    self.weights: dict[int, float] = {}
+    self.sizes = [j.part.bytes for j in jobs]
+    self.others, self.label = list(others), label
+    self.total = sum(self.sizes) + sum(j.part.bytes for j in self.others)
+    self.unit = "examples" if jobs and jobs[0].part.examples else "MiB"
+    self.done: dict[int, tuple[int, float]] = {}  # job -> (tokens, share of its size)
+    self.others_done: dict[int, int] = {}  # other job -> tokens
 
-  def update(self, part: int, tokens: int, share: float, weight: float = 0.0) -> None:
-    self.done[part] = (tokens, min(share, 1.0))
-    if weight:
-      self.weights[part] = weight
+  def update(self, job: int, tokens: int, share: float) -> None:
+    self.done[job] = (tokens, min(share, 1.0))
     now = time.monotonic()
     if now >= self.next:
       self.next = now + PROGRESS_SECONDS
       print(self.line(now), flush=True)
 
+  def _look_at_others(self) -> None:
+    for i, job in enumerate(self.others):
+      path = os.path.join(job.directory, part_writer.PART_FILE)
+      if i not in self.others_done and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+          self.others_done[i] = json.load(f)["counts"]["tokens"]
+
   def line(self, now: float) -> str:
-    tokens = sum(t for t, _ in self.done.values())
+    self._look_at_others()
+    tokens = sum(t for t, _ in self.done.values()) + sum(self.others_done.values())
     rate = tokens / max(now - self.start, 1e-9)
     out = f"  ... {tokens} tokens, {rate:.0f} tokens/s{self.label}"
-    done = sum(s * self.weights.get(p, 1.0 / self.parts) for p, (_, s) in self.done.items())
-    if self.total_bytes and done > 0:
+    done = (sum(s * self.sizes[j] for j, (_, s) in self.done.items()) +
+            sum(self.others[i].part.bytes for i in self.others_done)) / max(self.total, 1)
+    if self.total and done > 0:
       left = (now - self.start) * (1 - done) / done
-      out += (f", {100 * done:.0f}% of {self.total_bytes / 2**20:.0f} MiB, "
-              f"about {_duration(left)} left")
+      size = self.total / 2**20 if self.unit == "MiB" else self.total
+      out += f", {100 * done:.0f}% of {size:.0f} {self.unit}, about {_duration(left)} left"
     return out
 
 
@@ -150,11 +164,9 @@ class _Pool:
           f"({how}{', out of memory?' if code == -signal.SIGKILL else ''}); nothing was "
           "cached: rerun to prepare what is missing (finished parts are kept)") from None
     if msg[0] == "progress":
-      self.progress.update(w.job, msg[1], msg[2], job.part.bytes / max(
-          self.progress.total_bytes, 1))
+      self.progress.update(w.job, msg[1], msg[2])
     elif msg[0] == "done":
-      self.progress.update(w.job, self.progress.done.get(w.job, (0, 0))[0], 1.0,
-                           job.part.bytes / max(self.progress.total_bytes, 1))
+      self.progress.update(w.job, self.progress.done.get(w.job, (0, 0))[0], 1.0)
       w.job = None
     else:
       _, kind, message = msg
