@@ -181,7 +181,7 @@ def worker_main() -> None:
   while (job := jobs.recv()) is not None:
     report = lambda tokens, share: answers.send(("progress", tokens, share))
     try:
-      part_writer.prepare_part(job, report)
+      part_writer.prepare_part(job, report, keep_tokenizer=True)
     except BertJaxError as e:
       answers.send(("error", type(e).__name__, str(e)))
       continue

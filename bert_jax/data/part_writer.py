@@ -80,14 +80,19 @@ def tuning() -> dict:
   return {name: globals()[name] for name in TUNING}
 
 
-def prepare_part(job: PartJob, report: Report) -> None:
-  """Writes the part's records and PART_FILE to `job.directory` unless it is there."""
+def prepare_part(job: PartJob, report: Report, keep_tokenizer: bool = False) -> None:
+  """Writes the part's records and PART_FILE to `job.directory` unless it is there.
+
+  `keep_tokenizer` (a worker process, which lives for one preparation): the
+  tokenizer is kept for the next part, its word cache warm.
+  """
   if os.path.exists(os.path.join(job.directory, PART_FILE)):
     return  # made by an earlier run that was stopped, or by another host
   globals().update({k: v for k, v in job.tuning.items() if k in TUNING})
   staging = f"{job.directory}.tmp-{socket.gethostname()}-{os.getpid()}"
   try:
-    tokenizer = Tokenizer.load(job.tokenizer_dir)
+    tokenizer = _tokenizer(job.tokenizer_dir) if keep_tokenizer else Tokenizer.load(
+        job.tokenizer_dir)
     out_dirs = {l: os.path.join(staging, f"seq{l}") for l in job.seq_lens}
     stats = _PartWriter(job, tokenizer, out_dirs, report).run()
     write_json(os.path.join(staging, PART_FILE), stats)
@@ -98,6 +103,19 @@ def prepare_part(job: PartJob, report: Report) -> None:
         raise
   finally:
     shutil.rmtree(staging, ignore_errors=True)
+
+
+_LOADED: dict[str, Tokenizer] = {}
+
+
+def _tokenizer(where: str) -> Tokenizer:
+  """The tokenizer of `where`, kept for the worker's next part: its word cache stays
+  warm (ids do not depend on it, speed does). Only in a worker: it never outlives
+  the preparation, so the folder cannot hold another vocabulary meanwhile."""
+  if where not in _LOADED:
+    _LOADED.clear()
+    _LOADED[where] = Tokenizer.load(where)
+  return _LOADED[where]
 
 
 # --- documents: split, tokens ---
