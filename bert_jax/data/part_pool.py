@@ -51,8 +51,12 @@ def run(jobs: Sequence[part_writer.PartJob], workers: int, label: str = "",
   processes prepare into the same folder (counted in the progress once done)."""
   progress = Progress(jobs, label, others)
   if workers <= 1 or len(jobs) <= 1:
-    for i, job in enumerate(jobs):
-      part_writer.prepare_part(job, lambda t, f, i=i: progress.update(i, t, f))
+    try:
+      for i, job in enumerate(jobs):
+        part_writer.prepare_part(job, lambda t, f, i=i: progress.update(i, t, f),
+                                 keep_tokenizer=True)
+    finally:
+      part_writer.release_tokenizer()
     return
   _Pool(min(workers, len(jobs)), progress).run(list(jobs))
 

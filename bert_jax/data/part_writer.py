@@ -83,8 +83,8 @@ def tuning() -> dict:
 def prepare_part(job: PartJob, report: Report, keep_tokenizer: bool = False) -> None:
   """Writes the part's records and PART_FILE to `job.directory` unless it is there.
 
-  `keep_tokenizer` (a worker process, which lives for one preparation): the
-  tokenizer is kept for the next part, its word cache warm.
+  `keep_tokenizer`: the tokenizer is kept for the next part, its word cache warm,
+  until `release_tokenizer` (the end of one preparation).
   """
   if os.path.exists(os.path.join(job.directory, PART_FILE)):
     return  # made by an earlier run that was stopped, or by another host
@@ -110,12 +110,16 @@ _LOADED: dict[str, Tokenizer] = {}
 
 def _tokenizer(where: str) -> Tokenizer:
   """The tokenizer of `where`, kept for the worker's next part: its word cache stays
-  warm (ids do not depend on it, speed does). Only in a worker: it never outlives
-  the preparation, so the folder cannot hold another vocabulary meanwhile."""
+  warm (ids do not depend on it, speed does). Released when the preparation ends,
+  so the folder cannot hold another vocabulary meanwhile."""
   if where not in _LOADED:
     _LOADED.clear()
     _LOADED[where] = Tokenizer.load(where)
   return _LOADED[where]
+
+
+def release_tokenizer() -> None:
+  _LOADED.clear()
 
 
 # --- documents: split, tokens ---
