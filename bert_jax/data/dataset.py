@@ -37,7 +37,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,7 @@ from bert_jax.data import corpus, corpus_parts, part_merge, part_pool, part_writ
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.data.example_store import (  # noqa: F401  (re-exported: the data's public names)
     HEADER, INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE, TOKENIZER_DIR, ExampleSource,
-    seq_dir, shard_path, write_json)
+    owner, remove_stale, seq_dir, shard_path, write_json)
 from bert_jax.data.part_writer import split_documents  # noqa: F401
 from bert_jax.data.prepared_check import (  # noqa: F401
     PreparedDataError, check_corpus_unchanged, check_seq_dir, is_complete, writable,
@@ -134,14 +133,20 @@ def load(directory: str, seq_lens: Sequence[int]) -> Prepared:
   return Prepared(tokenizer=tokenizer, train=train, eval=eval_, directory=directory)
 
 
-def vocabulary(c: DataSettings, seq_lens: Sequence[int], cache_dir: str,
-               seed: int) -> tuple[Tokenizer, str]:
-  """The preparation's vocabulary (trained now if not stored) and the folder it is
-  stored in, for the other processes to look for: do they share this cache?"""
+def vocabulary(c: DataSettings, seq_lens: Sequence[int], cache_dir: str, seed: int,
+               hosts: int = 1) -> tuple[Tokenizer, str]:
+  """The preparation's vocabulary (trained now if not stored) and the folder it is in.
+
+  Stored means in the complete preparation, or in process 0's host-local one of
+  `hosts` processes (a resumed run must not train it again), or in the parts folder.
+  """
   cache_dir = os.path.abspath(cache_dir)
   key = _hash(_settings(c, seed))
   directory = os.path.join(cache_dir, key)
   complete = is_complete(directory)
+  first_host = os.path.join(cache_dir, _hash(_key_settings(c, seed, Share(0, hosts))))
+  if not complete and hosts > 1 and is_complete(first_host, repair=False):
+    directory, complete = first_host, True
   if complete:
     where = os.path.join(directory, TOKENIZER_DIR)
     return Tokenizer.load(where), where
@@ -172,17 +177,15 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
   """
   cache_dir = os.path.abspath(cache_dir)
   share = local or share
-  settings = _settings(c, seed)
-  if local is not None:  # another key: the data of one share
-    settings["host_share"] = {"index": local.index, "count": local.count}
+  settings = _key_settings(c, seed, local)
   key = _hash(settings)
   directory = os.path.join(cache_dir, key)
-  _remove_stale(cache_dir, f".{key}.tmp-")
+  remove_stale(cache_dir, f".{key}.tmp-")
   complete = is_complete(directory)
   if not complete and os.path.exists(directory):
     shutil.rmtree(directory)  # not made by this version's atomic rename: debris
   if complete:
-    _remove_stale(directory, ".seq")
+    remove_stale(directory, ".seq")
   missing = _missing(directory, seq_lens, complete)
   if not missing:
     return Where(directory, settings, True, local)
@@ -193,7 +196,7 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
   try:
     with writable(cache_dir):
       os.makedirs(parts_root, exist_ok=True)
-      _remove_stale(parts_root, "part-")
+      remove_stale(parts_root, "part-")
       tokenizer_dir = os.path.join(directory, TOKENIZER_DIR) if complete else (
           _shared_tokenizer(c, seed, parts_root, tokenizer))
       jobs = part_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
@@ -233,7 +236,7 @@ def _shared_tokenizer(c: DataSettings, seed: int, parts_root: str,
   where = os.path.join(parts_root, TOKENIZER_DIR)
   if not os.path.isdir(where):
     tokenizer = given or make_tokenizer(c, seed)
-    staging = f"{where}.tmp-{_owner()}"
+    staging = f"{where}.tmp-{owner()}"
     tokenizer.save(staging)
     try:
       os.rename(staging, where)
@@ -270,7 +273,7 @@ def finish(c: DataSettings, seq_lens: list[int], where: Where, seed: int) -> str
 
 def _finish_fresh(c: DataSettings, settings: dict, cache_dir: str, directory: str,
                   jobs: list[part_writer.PartJob], seq_lens: list[int]) -> None:
-  staging = os.path.join(cache_dir, f".{os.path.basename(directory)}.tmp-{_owner()}")
+  staging = os.path.join(cache_dir, f".{os.path.basename(directory)}.tmp-{owner()}")
   try:
     os.makedirs(staging)
     stats = part_merge.merge(c, jobs, {l: seq_dir(staging, l) for l in seq_lens})
@@ -293,7 +296,7 @@ def _add_seq_lens(c: DataSettings, directory: str, jobs: list[part_writer.PartJo
   """Adds seq_lens to a complete preparation, made with its stored tokenizer."""
   with open(os.path.join(directory, SETTINGS_FILE), encoding="utf-8") as f:
     started_from = json.load(f)["corpus"]  # what the preparation's key was made from
-  stagings = {l: os.path.join(directory, f".seq{l}.tmp-{_owner()}") for l in seq_lens}
+  stagings = {l: os.path.join(directory, f".seq{l}.tmp-{owner()}") for l in seq_lens}
   try:
     part_merge.merge(c, jobs, stagings)
     check_corpus_unchanged(c, started_from)
@@ -302,33 +305,6 @@ def _add_seq_lens(c: DataSettings, directory: str, jobs: list[part_writer.PartJo
   finally:
     for staging in stagings.values():
       shutil.rmtree(staging, ignore_errors=True)
-
-
-def _owner() -> str:
-  return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def _remove_stale(directory: str, prefix: str) -> None:
-  """Removes `<prefix>*.tmp-<host>-<pid>` debris of dead processes on this host."""
-  if not os.path.isdir(directory):
-    return
-  host = socket.gethostname()
-  for name in os.listdir(directory):
-    if not name.startswith(prefix) or ".tmp-" not in name:
-      continue
-    owner_host, _, pid = name.rpartition(".tmp-")[2].rpartition("-")
-    if owner_host == host and pid.isdigit() and not _alive(int(pid)):
-      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
 
 
 # --- settings ---
@@ -378,6 +354,13 @@ def _part_size(c: DataSettings, fingerprint: dict) -> dict:
     return {"tfds_part_examples": corpus_parts.TFDS_PART_EXAMPLES}
   total = _corpus_bytes(c, fingerprint)
   return {"part_bytes": corpus_parts.part_bytes(total)} if total > corpus_parts.PART_BYTES else {}
+
+
+def _key_settings(c: DataSettings, seed: int, local: Share | None) -> dict:
+  settings = _settings(c, seed)
+  if local is not None:  # another key: the data of one share
+    settings["host_share"] = {"index": local.index, "count": local.count}
+  return settings
 
 
 def _corpus_bytes(c: DataSettings, fingerprint: dict) -> int:

@@ -25,7 +25,6 @@ import itertools
 import os
 import random
 import shutil
-import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -34,7 +33,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from bert_jax.data import corpus, corpus_parts, pretraining_data
-from bert_jax.data.example_store import HEADER, shard_path, write_json
+from bert_jax.data.example_store import HEADER, owner, shard_path, write_json
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.errors import CorpusError
 
@@ -89,7 +88,7 @@ def prepare_part(job: PartJob, report: Report, keep_tokenizer: bool = False) -> 
   if os.path.exists(os.path.join(job.directory, PART_FILE)):
     return  # made by an earlier run that was stopped, or by another host
   globals().update({k: v for k, v in job.tuning.items() if k in TUNING})
-  staging = f"{job.directory}.tmp-{socket.gethostname()}-{os.getpid()}"
+  staging = f"{job.directory}.tmp-{owner()}"
   try:
     tokenizer = _tokenizer(job.tokenizer_dir) if keep_tokenizer else Tokenizer.load(
         job.tokenizer_dir)

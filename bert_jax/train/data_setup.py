@@ -112,7 +112,7 @@ def _prepare_host_local(data: DataSettings, seq_lens: list[int], cache_dir: str,
 
 def _vocabulary_message(data: DataSettings, seq_lens: list[int], cache_dir: str,
                         seed: int) -> dict:
-  tokenizer, where = dataset.vocabulary(data, seq_lens, cache_dir, seed)
+  tokenizer, where = dataset.vocabulary(data, seq_lens, cache_dir, seed, jax.process_count())
   probe = secrets.token_hex(8)  # a file only processes that share this cache_dir see
   with open(os.path.join(os.path.abspath(cache_dir), f".probe-{probe}"), "w",
             encoding="utf-8"):
