@@ -193,6 +193,9 @@ def _bench_main(argv: Sequence[str] | None = None) -> None:
   args = parser.parse_args(argv)
   sizes = [None] if args.corpus else args.megabytes
   workers = [int(w) for w in args.workers.split(",")]
+  if max(workers) > 1:
+    print(f"{max(workers)} busy processes get {parallel_capacity(max(workers)):.2f} cores here "
+          f"(load average {os.getloadavg()[0]:.1f})", flush=True)
   print("| corpus MiB | workers | parts | tokens | seconds | tokens/s | scaling | CPU s "
         "| peak RSS MiB (all processes) | threads per worker | vocab s |\n"
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
@@ -206,6 +209,20 @@ def _bench_main(argv: Sequence[str] | None = None) -> None:
             f"{r['seconds']:.1f} | {r['tokens_per_sec']:.0f} | {scaling} | "
             f"{r['cpu_seconds']:.1f} | {r['tree_peak_rss_mb']:.0f} | "
             f"{r['worker_threads'] or '-'} | {r['vocab_seconds']:.1f} |", flush=True)
+
+
+def parallel_capacity(n: int, loops: int = 20_000_000) -> float:
+  """How many cores `n` CPU-bound processes really get here: n x (time of one / time of n
+  at once). On a shared machine it says what scaling is possible at all."""
+  code = f"s = 0\nfor i in range({loops}): s += i"
+  t = time.perf_counter()
+  subprocess.run([sys.executable, "-c", code], check=True)
+  one = time.perf_counter() - t
+  t = time.perf_counter()
+  procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+  for p in procs:
+    p.wait()
+  return n * one / (time.perf_counter() - t)
 
 
 def _run_one(args: argparse.Namespace, mb: float | None, workers: int) -> dict:
