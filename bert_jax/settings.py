@@ -55,6 +55,7 @@ class DataSettings:
   max_eval_examples: int = 2048
   max_documents: int = 0
   cache_dir: str = ""
+  num_workers: int = 0  # 0 = the host's usable cores; not part of the data's key
   objective: str = "mlm+nsp"  # `config.objective`: which examples are made
 
   @property
@@ -78,6 +79,8 @@ class DataSettings:
       raise _fail("data.short_seq_prob", self.short_seq_prob, "a probability in [0, 1]")
     if self.max_documents < 0:
       raise _fail("data.max_documents", self.max_documents, ">= 0 (0 = all)")
+    if not _is_int(self.num_workers) or self.num_workers < 0:
+      raise _fail("data.num_workers", self.num_workers, ">= 0 (0 = this host's cores)")
     if self.format not in corpus.FORMATS:
       raise _fail("data.format", self.format, f"one of {', '.join(corpus.FORMATS)}")
     if self.vocab_sample_bytes < 1:

@@ -264,8 +264,8 @@ def test_unknown_format_is_a_config_error(tmp_path):
 # --- TFDS ---
 
 
-def build_toy_tfds(data_dir):
-  """A tiny array_record TFDS dataset with a wikipedia-like `text` feature."""
+def build_toy_tfds(data_dir, n: int = 3):
+  """A tiny array_record TFDS dataset (`n` articles) with a wikipedia-like `text` feature."""
   import tensorflow_datasets as tfds
 
   class ToyWiki(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -285,7 +285,7 @@ def build_toy_tfds(data_dir):
       return {"train": self._generate_examples()}
 
     def _generate_examples(self):
-      for i in range(3):
+      for i in range(n):
         yield i, {"title": f"t{i}",
                   "text": f"Article {i} starts. It goes on!\nA second paragraph {i}."}
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bert_jax import settings
-from bert_jax.data import corpus, dataset, pretraining_data
+from bert_jax.data import corpus, dataset, part_writer, pretraining_data
 from bert_jax.errors import ConfigError, CorpusError
 from bert_jax.data.input_pipeline import TrainIterator
 from bert_jax.data.tokenizer import Tokenizer
@@ -188,7 +188,8 @@ def test_a_killed_preparation_leaves_only_debris_that_is_never_used(plain, cache
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   assert subprocess.run([sys.executable, "-c", code], cwd=repo).returncode == 9
   debris = os.listdir(cache)
-  assert len(debris) == 1 and ".tmp-" in debris[0]  # never under the final name
+  # Only the hidden parts folder (what a rerun resumes from), never the final name.
+  assert len(debris) == 1 and debris[0].startswith(".")
   prepared = dataset.prepare(data_config(plain), [16], cache, seed=0)
   assert os.listdir(cache) == [os.path.basename(prepared.directory)]
   assert len(prepared.train[16]) > 5
@@ -366,7 +367,7 @@ def test_same_corpus_seed_and_vocab_give_identical_examples_in_another_cache(pla
 
 
 def test_not_next_partners_come_from_the_same_window(tmp_path, cache, monkeypatch):
-  monkeypatch.setattr(dataset, "WINDOW_DOCUMENTS", 3)
+  monkeypatch.setattr(part_writer, "WINDOW_DOCUMENTS", 3)
   num_docs = 40
   path = tmp_path / "docs.txt"  # document i is made of the word d<i> only
   path.write_text("\n\n".join("\n".join(f"d{i} " * 3 + "." for _ in range(4))
@@ -490,7 +491,7 @@ def test_odd_input_is_repaired_counted_and_warned_on_one_line(tmp_path, cache, c
 def test_sharded_records_read_back_the_same_examples(plain, tmp_path, monkeypatch):
   c = data_config(plain, vocab_file=write_vocab(tmp_path))
   whole = dataset.prepare(c, [16], str(tmp_path / "one"), seed=0).train[16]
-  monkeypatch.setattr(dataset, "SHARD_RECORDS", 7)
+  monkeypatch.setattr(part_writer, "SHARD_RECORDS", 7)
   sharded = dataset.prepare(c, [16], str(tmp_path / "many"), seed=0).train[16]
   assert len(sharded.paths) == -(-len(whole) // 7) > 3
   order = np.random.default_rng(0).permutation(len(whole))

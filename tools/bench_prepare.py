@@ -3,9 +3,11 @@
   python -m tools.bench_prepare                         # synthetic 25 and 100 MiB corpora
   python -m tools.bench_prepare --megabytes 5 --seq-len 512
   python -m tools.bench_prepare --corpus /path/to/corpus.txt
+  python -m tools.bench_prepare --megabytes 100 400 --workers 1 2
 
-Each size runs `benchmark_prepare` in a fresh process (a clean peak RSS) and
-prints one markdown row. `python -m tools.bench` calls `benchmark_prepare`
+Each size (and worker count) runs `benchmark_prepare` in a fresh process (a
+clean peak RSS) and prints one markdown row; with `--workers`, the scaling
+efficiency is tokens/s over (workers x the 1-worker tokens/s of that size). `python -m tools.bench` calls `benchmark_prepare`
 for its `prepare` case. Run from the repository root.
 """
 
@@ -20,6 +22,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Sequence
 
@@ -54,6 +57,12 @@ def _rss_mb(field: str) -> float | None:
   return None
 
 
+def _cpu_seconds() -> float:
+  """CPU time of this process and of its children that have ended (the workers)."""
+  me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+  return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _reset_peak_rss() -> bool:
   try:  # Linux: "5" resets VmHWM to the current RSS
     with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
@@ -63,9 +72,57 @@ def _reset_peak_rss() -> bool:
     return False
 
 
+class _TreeRss:
+  """Peak of the summed RSS of this process and its children (the workers), sampled;
+  and the most threads any worker had (its tokenizer must not add a thread pool)."""
+
+  def __init__(self, every: float = 0.1):
+    self.peak_mb, self.every, self.worker_threads = 0.0, every, 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+
+  def __enter__(self) -> "_TreeRss":
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stop.set()
+    self._thread.join()
+
+  def _run(self) -> None:
+    while not self._stop.is_set():
+      tree = _tree(os.getpid())
+      self.peak_mb = max(self.peak_mb, sum(_status(p, "VmRSS") for p in tree) / 1024)
+      self.worker_threads = max([self.worker_threads] + [_status(p, "Threads")
+                                                         for p in tree[1:]])
+      self._stop.wait(self.every)
+
+
+def _tree(pid: int) -> list[int]:
+  try:
+    with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+      children = [int(c) for c in f.read().split()]
+  except OSError:
+    children = []
+  return [pid] + [p for c in children for p in _tree(c)]
+
+
+def _status(pid: int, field: str) -> int:
+  """A number of /proc/<pid>/status (kB for memory fields); 0 when the process is gone."""
+  try:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith(field + ":"):
+          return int(line.split()[1])
+  except OSError:
+    pass
+  return 0
+
+
 def benchmark_prepare(corpus_path: str | None = None, megabytes: float = 50.0,
                       seq_len: int = 128, dupe_factor: int = 1, vocab_size: int = 8192,
-                      quick: bool = False, workdir: str | None = None) -> dict:
+                      quick: bool = False, workdir: str | None = None,
+                      workers: int = 1) -> dict:
   """Times `prepare` from raw text to stored examples, with its peak RSS.
 
   The corpus is `corpus_path`, or a synthetic one of `megabytes` MiB (5 MiB
@@ -75,6 +132,8 @@ def benchmark_prepare(corpus_path: str | None = None, megabytes: float = 50.0,
   `example_tokens` the used positions of the stored examples (dupe_factor
   passes, [CLS]/[SEP] included). Peak RSS is the process's high-water mark
   during `prepare` (reset before it on Linux; otherwise since process start).
+  `workers` is `data.num_workers`; `tree_peak_rss_mb` is the peak of the summed
+  RSS of this process and its workers (sampled every 0.1 s).
   The dict also carries the keys `tools.bench` reads.
   """
   with tempfile.TemporaryDirectory(prefix="bert_jax_prepare_bench_", dir=workdir) as tmp:
@@ -82,17 +141,18 @@ def benchmark_prepare(corpus_path: str | None = None, megabytes: float = 50.0,
       megabytes = 5.0 if quick else megabytes
       corpus_path = make_synthetic_corpus(os.path.join(tmp, "corpus.txt"), megabytes)
     c = DataSettings(corpus=corpus_path, vocab_size=vocab_size, dupe_factor=dupe_factor,
-                     vocab_sample_bytes=10_000_000)
+                     vocab_sample_bytes=10_000_000, num_workers=workers)
     t = time.perf_counter()
     tokenizer = dataset.make_tokenizer(c, seed=0)
     vocab_seconds = time.perf_counter() - t
     c = dataclasses.replace(c, vocab_file=tokenizer.save(os.path.join(tmp, "vocab")))
     exact_peak = _reset_peak_rss()
     start_rss = _rss_mb("VmRSS")
-    t, cpu = time.perf_counter(), time.process_time()
-    prepared: dataset.Prepared = dataset.prepare(c, [seq_len], os.path.join(tmp, "cache"),
-                                                 seed=0)
-    seconds, cpu_seconds = time.perf_counter() - t, time.process_time() - cpu
+    t, cpu = time.perf_counter(), _cpu_seconds()
+    with _TreeRss() as tree:
+      prepared: dataset.Prepared = dataset.prepare(c, [seq_len], os.path.join(tmp, "cache"),
+                                                   seed=0)
+    seconds, cpu_seconds = time.perf_counter() - t, _cpu_seconds() - cpu
     peak = _rss_mb("VmHWM") if exact_peak else None
     if peak is None:
       peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -106,7 +166,9 @@ def benchmark_prepare(corpus_path: str | None = None, megabytes: float = 50.0,
       "corpus_mb": size_mb, "documents": stats["documents"],
       "examples": sum(stats["examples"][str(seq_len)].values()),
       "example_tokens": example_tokens, "vocab_seconds": vocab_seconds,
-      "seq_len": seq_len, "dupe_factor": dupe_factor,
+      "seq_len": seq_len, "dupe_factor": dupe_factor, "workers": workers,
+      "tree_peak_rss_mb": max(tree.peak_mb, peak), "parts": stats.get("parts", 1),
+      "worker_threads": tree.worker_threads,
       # The names tools.bench reads.
       "median_s": seconds, "min_s": seconds, "max_s": seconds, "timed_steps": 1,
       "compile_s": 0.0, "compile_note": "", "corpus_tokens": tokens,
@@ -125,27 +187,55 @@ def _bench_main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--megabytes", type=float, nargs="+", default=[25.0, 100.0])
   parser.add_argument("--seq-len", type=int, default=128)
   parser.add_argument("--dupe-factor", type=int, default=1)
+  parser.add_argument("--workers", default="1",
+                      help="comma-separated data.num_workers values, e.g. 1,2")
   parser.add_argument("--corpus", default=None, help="a corpus file instead of synthetic text")
   args = parser.parse_args(argv)
   sizes = [None] if args.corpus else args.megabytes
-  print("| corpus MiB | tokens | seconds | tokens/s | CPU s | tokens per CPU s "
-        "| example tokens/s | peak RSS MiB | vocab s |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+  workers = [int(w) for w in args.workers.split(",")]
+  if max(workers) > 1:
+    print(f"{max(workers)} busy processes get {parallel_capacity(max(workers)):.2f} cores here "
+          f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+  print("| corpus MiB | workers | parts | tokens | seconds | tokens/s | scaling | CPU s "
+        "| peak RSS MiB (all processes) | threads per worker | vocab s |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
   for mb in sizes:
-    call = (f"benchmark_prepare(corpus_path={args.corpus!r}, megabytes={mb!r}, "
-            f"seq_len={args.seq_len}, dupe_factor={args.dupe_factor})")
-    code = ("import json, sys; sys.path.insert(0, %r); from tools.bench_prepare import "
-            "benchmark_prepare; r = %s; print('RESULT ' + json.dumps(r))" % (ROOT, call))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
-    if out.returncode or not line:
-      print(f"error: benchmark failed: {out.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-      sys.exit(2)
-    r = json.loads(line[0][len("RESULT "):])
-    print(f"| {r['corpus_mb']:.0f} | {r['tokens']} | {r['seconds']:.1f} | "
-          f"{r['tokens_per_sec']:.0f} | {r['cpu_seconds']:.1f} | "
-          f"{r['tokens'] / r['cpu_seconds']:.0f} | {r['example_tokens_per_s']:.0f} | "
-          f"{r['peak_rss_mb']:.0f} | {r['vocab_seconds']:.1f} |", flush=True)
+    single = None
+    for w in workers:
+      r = _run_one(args, mb, w)
+      single = single or (r["tokens_per_sec"] if w == 1 else None)
+      scaling = f"{r['tokens_per_sec'] / (w * single):.0%}" if single else "-"
+      print(f"| {r['corpus_mb']:.0f} | {w} | {r['parts']} | {r['tokens']} | "
+            f"{r['seconds']:.1f} | {r['tokens_per_sec']:.0f} | {scaling} | "
+            f"{r['cpu_seconds']:.1f} | {r['tree_peak_rss_mb']:.0f} | "
+            f"{r['worker_threads'] or '-'} | {r['vocab_seconds']:.1f} |", flush=True)
+
+
+def parallel_capacity(n: int, loops: int = 20_000_000) -> float:
+  """How many cores `n` CPU-bound processes really get here: n x (time of one / time of n
+  at once). On a shared machine it says what scaling is possible at all."""
+  code = f"s = 0\nfor i in range({loops}): s += i"
+  t = time.perf_counter()
+  subprocess.run([sys.executable, "-c", code], check=True)
+  one = time.perf_counter() - t
+  t = time.perf_counter()
+  procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+  for p in procs:
+    p.wait()
+  return n * one / (time.perf_counter() - t)
+
+
+def _run_one(args: argparse.Namespace, mb: float | None, workers: int) -> dict:
+  call = (f"benchmark_prepare(corpus_path={args.corpus!r}, megabytes={mb!r}, "
+          f"seq_len={args.seq_len}, dupe_factor={args.dupe_factor}, workers={workers})")
+  code = ("import json, sys; sys.path.insert(0, %r); from tools.bench_prepare import "
+          "benchmark_prepare; r = %s; print('RESULT ' + json.dumps(r))" % (ROOT, call))
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+  line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+  if out.returncode or not line:
+    print(f"error: benchmark failed: {out.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    sys.exit(2)
+  return json.loads(line[0][len("RESULT "):])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import hashlib
 import itertools
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pydoc_data.topics import topics
 
 from bert_jax.data.corpus_files import (CONTROL_CHARS, CorpusStats, check_file, detect_format,
@@ -67,6 +67,15 @@ def read_documents(spec: str, fmt: str = "auto", max_documents: int = 0,
     docs = itertools.chain.from_iterable(file_documents(p, fmt, stats) for p in paths)
   docs = _counted(docs, stats)
   return itertools.islice(docs, max_documents) if max_documents else docs
+
+
+def read_ranges(ranges: Sequence[tuple[str, int, int | None]], fmt: str,
+                stats: CorpusStats) -> Iterator[list[str]]:
+  """The documents of byte ranges (path, start, end or None = to the end) of files
+  already checked, in order: one part of a corpus (see `corpus_parts`). `fmt` is resolved."""
+  docs = itertools.chain.from_iterable(file_documents(p, fmt, stats, start, end)
+                                       for p, start, end in ranges)
+  return _counted(docs, stats)
 
 
 def files(spec: str) -> list[str]:
@@ -180,7 +189,8 @@ def parse_tfds_spec(spec: str) -> tuple[str, str]:
   return name, feature
 
 
-def _tfds_documents(spec: str, data_dir: str | None) -> Iterator[list[str]]:
+def _tfds_documents(spec: str, data_dir: str | None, start: int = 0,
+                    end: int | None = None) -> Iterator[list[str]]:
   name, feature = parse_tfds_spec(spec)
   source = _open_tfds(name, data_dir)
   if len(source) == 0:
@@ -189,7 +199,18 @@ def _tfds_documents(spec: str, data_dir: str | None) -> Iterator[list[str]]:
   if feature not in first:
     raise CorpusError(f"TFDS dataset '{name}' has no feature '{feature}' "
                       f"(it has: {', '.join(sorted(first))})")
-  return _tfds_iter(source, feature)
+  return _tfds_iter(source, feature, start, len(source) if end is None else end)
+
+
+def tfds_size(spec: str, tfds_data_dir: str | None = None) -> int:
+  """Examples in the 'train' split of a `tfds:` corpus."""
+  return len(_open_tfds(parse_tfds_spec(spec)[0], tfds_data_dir))
+
+
+def read_tfds_range(spec: str, start: int, end: int, stats: CorpusStats,
+                    tfds_data_dir: str | None = None) -> Iterator[list[str]]:
+  """The documents of examples [start, end) of a `tfds:` corpus: one part of it."""
+  return _counted(_tfds_documents(spec, tfds_data_dir, start, end), stats)
 
 
 def _tfds_data_dir(data_dir: str | None) -> str:
@@ -217,10 +238,10 @@ def _open_tfds(name: str, data_dir: str | None):
         f"(build it with `tfds build {name} --file_format=array_record`): {detail}") from None
 
 
-def _tfds_iter(source, feature: str) -> Iterator[list[str]]:
+def _tfds_iter(source, feature: str, first: int, end: int) -> Iterator[list[str]]:
   getitems = getattr(source, "__getitems__", None)
-  for start in range(0, len(source), _TFDS_BATCH):
-    indices = list(range(start, min(start + _TFDS_BATCH, len(source))))
+  for start in range(first, end, _TFDS_BATCH):
+    indices = list(range(start, min(start + _TFDS_BATCH, end)))
     # Many records per call: one TFDS decode per example is slow on big corpora.
     records = getitems(indices) if getitems else [source[i] for i in indices]
     for record in records:

@@ -133,23 +133,41 @@ def _sniff(path: str, head: bytes) -> None:
         "expected UTF-8 (convert it, e.g. iconv -f latin1 -t utf-8)")
 
 
-def file_documents(path: str, fmt: str, stats: CorpusStats) -> Iterator[list[str]]:
-  return _tab_documents(path, stats) if fmt == "tab" else _plain_documents(path, stats)
+def file_documents(path: str, fmt: str, stats: CorpusStats, start: int = 0,
+                   end: int | None = None) -> Iterator[list[str]]:
+  """The documents of `path`, or of its bytes [start, end) (a part of the corpus: both
+  ends at document boundaries, see `corpus_parts`). Only a whole file can be 'empty'."""
+  span = (start, end)
+  if fmt == "tab":
+    return _tab_documents(path, stats, span)
+  return _plain_documents(path, stats, span)
 
 
-def _blocks(path: str) -> Iterator[tuple[bytes, bool]]:
+def _where(path: str, span: tuple[int, int | None]) -> str:
+  """How notes name a place: line numbers count from the start of the byte range read."""
+  return f"'{path}'" if span[0] == 0 else f"'{path}' (from byte {span[0]})"
+
+
+def _blocks(path: str, span: tuple[int, int | None] = (0, None)) -> Iterator[tuple[bytes, bool]]:
   """(bytes of whole lines, is_piece); `\r\n`, `\r` and `\n` end lines.
 
   A line longer than MAX_LINE_BYTES comes in pieces (is_piece) cut at UTF-8
   character boundaries, so no line is ever held whole. The pieces of a line
   are followed by a block that starts with the line's last part.
   """
+  start, end = span
   with open(path, "rb", buffering=0) as f:  # blocks are big; no second buffer
-    rest = f.read(len(_BOM))
-    if rest == _BOM:
+    f.seek(start)
+    left = None if end is None else end - start
+    rest = f.read(len(_BOM) if left is None else min(len(_BOM), left))
+    if left is not None:
+      left -= len(rest)
+    if rest == _BOM and start == 0:
       rest = b""
     while True:
-      block = f.read(_BLOCK_BYTES)
+      block = f.read(_BLOCK_BYTES if left is None else min(_BLOCK_BYTES, left))
+      if left is not None:
+        left -= len(block)
       data = rest + block
       # Only the first line can be long: it continues the last block's rest.
       while len(data) > MAX_LINE_BYTES and _first_line_end(data) > MAX_LINE_BYTES:
@@ -190,7 +208,8 @@ def _utf8_prefix(data: bytes, n: int) -> bytes:
   return piece
 
 
-def _read_lines(path: str, stats: CorpusStats) -> Iterator[tuple[int, list[str], bool]]:
+def _read_lines(path: str, stats: CorpusStats,
+                span: tuple[int, int | None] = (0, None)) -> Iterator[tuple[int, list[str], bool]]:
   """(number of the first line, lines, is_piece) per block, repaired and counted.
 
   Lines come in lists, not one by one: per-line generator steps would cost
@@ -198,25 +217,26 @@ def _read_lines(path: str, stats: CorpusStats) -> Iterator[tuple[int, list[str],
   its line; the line's last part starts the next list.
   """
   lineno, noted = 1, 0
-  for data, is_piece in _blocks(path):
+  name = _where(path, span)
+  for data, is_piece in _blocks(path, span):
     try:
       text = data.decode("utf-8")
     except UnicodeDecodeError as e:
       bad_line = lineno + data.count(b"\n", 0, e.start) + data.count(b"\r", 0, e.start)
       text = data.decode("utf-8", errors="replace")
       n_bad = text.count("\ufffd") - data.count("\ufffd".encode())
-      stats.note("invalid_utf8", f"'{path}' line {bad_line}", max(n_bad, 1))
+      stats.note("invalid_utf8", f"{name} line {bad_line}", max(n_bad, 1))
     if "\r" in text:
       text = text.replace("\r\n", "\n").replace("\r", "\n")
     found = CONTROL_CHARS.search(text)
     if found:
-      where = f"'{path}' line {lineno + text.count(chr(10), 0, found.start())}"
+      where = f"{name} line {lineno + text.count(chr(10), 0, found.start())}"
       text, n = CONTROL_CHARS.subn("", text)
       stats.note("control_chars", where, n)
     if is_piece:
       if lineno != noted:
         noted = lineno
-        stats.note("long_lines", f"'{path}' line {lineno}")
+        stats.note("long_lines", f"{name} line {lineno}")
       yield lineno, [text], True
     else:
       lines = text.split("\n")
@@ -224,18 +244,20 @@ def _read_lines(path: str, stats: CorpusStats) -> Iterator[tuple[int, list[str],
       lineno += len(lines)
 
 
-def _plain_documents(path: str, stats: CorpusStats) -> Iterator[list[str]]:
+def _plain_documents(path: str, stats: CorpusStats,
+                     span: tuple[int, int | None]) -> Iterator[list[str]]:
   doc: list[str] = []
   chars = 0
   any_text = False
-  for first, lines, _ in _read_lines(path, stats):
+  name = _where(path, span)
+  for first, lines, _ in _read_lines(path, stats, span):
     for lineno, line in enumerate(lines, start=first):
       line = line.strip()
       if line:
         if "  " in line or "\t" in line:
           line = " ".join(line.split())
         if len(doc) >= MAX_DOCUMENT_SENTENCES or chars + len(line) > MAX_DOCUMENT_CHARS and doc:
-          stats.note("long_documents", f"'{path}' line {lineno}")
+          stats.note("long_documents", f"{name} line {lineno}")
           yield doc
           doc, chars = [], 0
         doc.append(line)
@@ -247,16 +269,18 @@ def _plain_documents(path: str, stats: CorpusStats) -> Iterator[list[str]]:
   if doc:
     any_text = True
     yield doc
-  if not any_text:
+  if not any_text and span == (0, None):
     raise CorpusError(f"corpus file '{path}' has no text (it is empty or only blank lines); "
                       "expected lines of text")
 
 
-def _tab_documents(path: str, stats: CorpusStats) -> Iterator[list[str]]:
+def _tab_documents(path: str, stats: CorpusStats,
+                   span: tuple[int, int | None]) -> Iterator[list[str]]:
   lines_seen = skipped = 0
   first_bad = ""
   long_line = 0  # a line that came in pieces: none of it is used
-  for first, lines, is_piece in _read_lines(path, stats):
+  name = _where(path, span)
+  for first, lines, is_piece in _read_lines(path, stats, span):
     for lineno, line in enumerate(lines, start=first):
       if lineno == long_line or not (is_piece or line.strip()):
         continue
@@ -265,12 +289,14 @@ def _tab_documents(path: str, stats: CorpusStats) -> Iterator[list[str]]:
       if is_piece or len(halves) != 2 or not all(halves):
         long_line = lineno if is_piece else 0
         skipped += 1
-        stats.note("tab_lines_skipped", f"'{path}' line {lineno}")
+        stats.note("tab_lines_skipped", f"{name} line {lineno}")
         first_bad = first_bad or f"line {lineno}: " + (
             "too long" if is_piece else f"{len(halves) - 1} tabs" if len(halves) != 2 else
             "a half is empty")
         continue
       yield halves
+  if span != (0, None):  # a part: the whole corpus's counts are checked after the merge
+    return
   if not lines_seen:
     raise CorpusError(f"corpus file '{path}' has no text (it is empty or only blank lines); "
                       "expected lines of text")

@@ -1,20 +1,16 @@
-"""Prepare pre-training data once, streaming (corpus -> WordPiece -> NSP pairs ->
-array_record), and reuse it on later runs.
+"""Prepare pre-training data once (corpus -> WordPiece -> examples -> array_record),
+in parts, by as many workers and hosts as there are, and reuse it on later runs.
 
-One pass over the corpus, in bounded memory whatever its size:
+  vocabulary   trained once (process 0) from the first `data.vocab_sample_bytes`
+               characters of training text, or read from `data.vocab_file`
+  parts        the corpus cut at document boundaries that depend on the corpus
+               alone (corpus_parts); each part prepared on its own, streaming, in
+               bounded memory (part_writer), by `data.num_workers` worker processes
+               (part_pool) and, on a shared cache, by every process (`Share`)
+  merge        the parts' records in part order: one dataset (part_merge)
 
-  documents (corpus.py, read lazily)
-    -> train/eval split, per block of up to 1000 documents (seeded shuffle)
-    -> WordPiece, a chunk of ~8k sentences per `encode_batch_flat` call
-    -> per split, windows of up to WINDOW_DOCUMENTS documents / WINDOW_TOKENS
-       tokens; NSP pairs per window (NotNext text from another document of
-       the same window), `dupe_factor` passes per window (`eval_dupe_factor`
-       for the eval split)
-    -> records appended to array_record files as they are made.
-
-A WordPiece vocabulary, when trained, is learned first from the first
-`data.vocab_sample_bytes` of training text, counted in characters (a second,
-bounded read).
+So the prepared bytes are the same for any number of workers and hosts, and a
+corpus of one part (up to 64 MiB) gives the examples it gave before parts.
 
 Layout under `cache_dir`:
 
@@ -23,20 +19,14 @@ Layout under `cache_dir`:
     stats.json            counts: documents, sentences, tokens, repaired input, examples
     tokenizer/            vocab.txt + tokenizer_config.json
     seq<L>/               info.json, train.<shard>.array_record, eval.<shard>.array_record
+  .<key>.parts-seq<L>/    while preparing: tokenizer/, part-<i>/ (complete parts only)
 
-A fresh preparation is written to `.<key>.tmp-<host>-<pid>/` and renamed to
-`<key>/` when complete; a seq_len added later is written to
-`<key>/.seq<L>.tmp-<host>-<pid>/` and renamed to `seq<L>/`. So whatever
-exists under its final name is complete, and a crash leaves only `.tmp`
-debris, which is never read and is removed by a later run.
-
-Record format (one record per example, dtype in info.json: uint16 when the
-vocabulary fits, else int32): [n_a, n, label, input_ids[L]], where n_a is the
-length of `[CLS] A [SEP]` and n the used length; segment ids and input mask
-follow from them. A split is sharded every SHARD_RECORDS records (info.json
-lists the records per shard).
-
-Shapes: K examples, L = seq_len.
+The merge is written to `.<key>.tmp-<host>-<pid>/` and renamed to `<key>/`;
+a seq_len added later goes through `<key>/.parts-seq<L>/` and
+`<key>/.seq<L>.tmp-<host>-<pid>/` to `seq<L>/`. So whatever exists under its
+final name is complete; a crash leaves the finished parts, which a rerun
+uses, and `.tmp` debris, which is never read and is removed by a later run.
+The record format is example_store's.
 """
 
 from __future__ import annotations
@@ -44,26 +34,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import json
 import os
-import random
 import shutil
-import socket
-import sys
-import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from array_record.python.array_record_module import ArrayRecordWriter
-
-from bert_jax.data import corpus
-from bert_jax.data import pretraining_data
-from bert_jax.errors import ConfigError, CorpusError
+from bert_jax.data import corpus, corpus_parts, part_merge, part_pool, part_writer, pretraining_data
+from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.data.example_store import (  # noqa: F401  (re-exported: the data's public names)
     HEADER, INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE, TOKENIZER_DIR, ExampleSource,
-    seq_dir, shard_path, write_json)
+    owner, remove_stale, seq_dir, shard_path, write_json)
+from bert_jax.data.part_writer import split_documents  # noqa: F401
 from bert_jax.data.prepared_check import (  # noqa: F401
     PreparedDataError, check_corpus_unchanged, check_seq_dir, is_complete, writable,
     write_manifest)
@@ -74,19 +56,6 @@ if TYPE_CHECKING:  # data code takes its typed part of the settings, never a con
 
 # Bump when the way examples are made or stored changes, so old caches are not reused.
 DATA_VERSION = 2
-MIN_DOCS_PER_SPLIT = 2  # NotNext takes its B from another document of the split
-SPLIT_BLOCK_DOCUMENTS = 1000  # train/eval are drawn per block of documents
-SPLIT_BLOCK_CHARS = 32 << 20
-WINDOW_DOCUMENTS = 4096  # NotNext partners come from the same window
-WINDOW_TOKENS = 4_000_000
-TOKENIZE_SENTENCES = 8192  # per encode_batch_flat call
-TOKENIZE_CHARS = 2 << 20
-_SPANS_PER_BLOCK = 4096
-SHARD_RECORDS = 1 << 19
-# Random access: one record per chunk. Compressing records of a few hundred
-# bytes one by one saves almost nothing and makes writing 7x slower.
-_WRITER_OPTIONS = "group_size:1,uncompressed"
-_PROGRESS_SECONDS = 30.0
 
 
 @dataclasses.dataclass
@@ -96,34 +65,67 @@ class Prepared:
   train: dict[int, Any]
   eval: dict[int, Any]
   directory: str
+  # Host-local parts (see `Share`): this host reads only its own examples, and every
+  # host's eval examples per seq_len are in `eval_sizes` (eval steps stay in step).
+  local: Share | None = None
+  eval_sizes: dict[int, list[int]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+  """Which parts a process prepares: those with part index % count == index."""
+  index: int = 0
+  count: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+  """A preparation's directory, and the settings its key was made from."""
+  directory: str
+  settings: dict
+  complete: bool  # every seq_len asked for is there
+  local: Share | None = None  # a preparation of this share's parts only
 
 
 def prepare(data_config: DataSettings, seq_lens: Sequence[int], cache_dir: str,
-            seed: int) -> Prepared:
-  """Returns the data for every seq_len, preparing (only) what is not stored yet."""
-  settings = _settings(data_config, seed)
+            seed: int, local: Share | None = None,
+            tokenizer: Tokenizer | None = None) -> Prepared:
+  """Returns the data for every seq_len, preparing (only) what is not stored yet.
+
+  With `local`, the data holds only that share's parts (a host-local cache:
+  the hosts' data together are the whole corpus's).
+  """
+  seq_lens = _checked_seq_lens(seq_lens)
+  made_cache_dir = not os.path.exists(cache_dir)
+  try:
+    where = prepare_parts(data_config, seq_lens, cache_dir, seed, tokenizer=tokenizer,
+                          local=local)
+    directory = finish(data_config, seq_lens, where, seed)
+  except BaseException:
+    if made_cache_dir:  # a failed run leaves no trace, not even an empty folder
+      with contextlib.suppress(OSError):
+        os.rmdir(cache_dir)
+    raise
+  return dataclasses.replace(load(directory, seq_lens), local=local)
+
+
+def parts_count(c: DataSettings) -> int:
+  """How many parts the corpus has."""
+  return len(corpus_parts.plan(c.corpus, corpus.resolve_format(c.corpus, c.format),
+                               c.max_documents))
+
+
+def _checked_seq_lens(seq_lens: Sequence[int]) -> list[int]:
   seq_lens = sorted({int(l) for l in seq_lens})
   for l in seq_lens:
     if l < pretraining_data.MIN_SEQ_LEN:
       raise ConfigError(f"--config.train.seq_lens: {l} is too short; expected every seq_len "
                         f">= {pretraining_data.MIN_SEQ_LEN}")
-  cache_dir = os.path.abspath(cache_dir)
-  key = _hash(settings)
-  directory = os.path.join(cache_dir, key)
-  _remove_stale(cache_dir, f".{key}.tmp-")
-  complete = is_complete(directory)
-  if not complete and os.path.exists(directory):
-    shutil.rmtree(directory)  # not made by this version's atomic rename: debris
-  if complete:
-    _remove_stale(directory, ".seq")
-  missing = [l for l in seq_lens if not (complete and os.path.isdir(seq_dir(directory, l)))]
-  if missing:
-    print(f"Preparing pre-training data from '{data_config.corpus}' for seq_len "
-          f"{', '.join(map(str, missing))} in {directory}", flush=True)
-    if complete:
-      _add_seq_lens(data_config, directory, missing, seed)
-    else:
-      _prepare_fresh(data_config, settings, cache_dir, directory, key, missing, seed)
+  return seq_lens
+
+
+def load(directory: str, seq_lens: Sequence[int]) -> Prepared:
+  """The complete preparation in `directory`."""
   tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER_DIR))
   train, eval_ = {}, {}
   for l in seq_lens:
@@ -131,93 +133,199 @@ def prepare(data_config: DataSettings, seq_lens: Sequence[int], cache_dir: str,
   return Prepared(tokenizer=tokenizer, train=train, eval=eval_, directory=directory)
 
 
-def _prepare_fresh(c, settings: dict, cache_dir: str, directory: str, key: str,
-                   seq_lens: list[int], seed: int) -> None:
-  staging = os.path.join(cache_dir, f".{key}.tmp-{_owner()}")
+def vocabulary(c: DataSettings, seq_lens: Sequence[int], cache_dir: str, seed: int,
+               hosts: int = 1) -> tuple[Tokenizer, str]:
+  """The preparation's vocabulary (trained now if not stored) and the folder it is in.
+
+  Stored means in the complete preparation, or in process 0's host-local one of
+  `hosts` processes (a resumed run must not train it again), or in the parts folder.
+  """
+  cache_dir = os.path.abspath(cache_dir)
+  key = _hash(_settings(c, seed))
+  directory = os.path.join(cache_dir, key)
+  complete = is_complete(directory)
+  first_host = os.path.join(cache_dir, _hash(_key_settings(c, seed, Share(0, hosts))))
+  if not complete and hosts > 1 and is_complete(first_host, repair=False):
+    directory, complete = first_host, True
+  if complete:
+    where = os.path.join(directory, TOKENIZER_DIR)
+    return Tokenizer.load(where), where
   made_cache_dir = not os.path.exists(cache_dir)
+  parts_root = _parts_root(cache_dir, directory, key,
+                           _missing(directory, _checked_seq_lens(seq_lens), complete), complete)
   try:
     with writable(cache_dir):
-      os.makedirs(staging)
-      tokenizer = make_tokenizer(c, seed)
-      stats = _write_examples(c, tokenizer, {l: seq_dir(staging, l) for l in seq_lens}, seed)
-      write_json(os.path.join(staging, STATS_FILE), stats)
-      write_json(os.path.join(staging, SETTINGS_FILE), settings)
-      tokenizer.save(os.path.join(staging, TOKENIZER_DIR))
-      check_corpus_unchanged(c, settings["corpus"])
-      write_manifest(staging)
-      try:
-        os.rename(staging, directory)  # atomic: the whole preparation appears at once
-      except OSError:
-        if not is_complete(directory, repair=False):  # not another process's finished copy
-          raise
+      os.makedirs(parts_root, exist_ok=True)
+      where = _shared_tokenizer(c, seed, parts_root, None)
   except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    if made_cache_dir:  # a failed run leaves no trace, not even an empty folder
-      with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):  # bad input leaves no empty folders
+      os.rmdir(parts_root)
+      if made_cache_dir:
         os.rmdir(cache_dir)
     raise
+  return Tokenizer.load(where), where
+
+
+def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: int,
+                  share: Share = Share(), tokenizer: Tokenizer | None = None,
+                  local: Share | None = None) -> Where:
+  """Prepares this process's share of the parts that are missing.
+
+  `finish` then makes the preparation complete, once every share is done.
+  `tokenizer` (another process's vocabulary) is used instead of training one.
+  With `local`, the preparation holds that share's parts only (see `prepare`).
+  """
+  cache_dir = os.path.abspath(cache_dir)
+  share = local or share
+  settings = _key_settings(c, seed, local)
+  key = _hash(settings)
+  directory = os.path.join(cache_dir, key)
+  remove_stale(cache_dir, f".{key}.tmp-")
+  complete = is_complete(directory)
+  if not complete and os.path.exists(directory):
+    shutil.rmtree(directory)  # not made by this version's atomic rename: debris
+  if complete:
+    remove_stale(directory, ".seq")
+  missing = _missing(directory, seq_lens, complete)
+  if not missing:
+    return Where(directory, settings, True, local)
+  parts_root = _parts_root(cache_dir, directory, key, missing, complete)
+  if share.index == 0:
+    print(f"Preparing pre-training data from '{c.corpus}' for seq_len "
+          f"{', '.join(map(str, missing))} in {directory}", flush=True)
+  try:
+    with writable(cache_dir):
+      os.makedirs(parts_root, exist_ok=True)
+      remove_stale(parts_root, "part-")
+      tokenizer_dir = os.path.join(directory, TOKENIZER_DIR) if complete else (
+          _shared_tokenizer(c, seed, parts_root, tokenizer))
+      jobs = part_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
+      mine = _share_of(jobs, share)
+      workers = c.num_workers or part_pool.usable_cores()
+      label = f" (process {share.index} of {share.count})" if share.count > 1 else ""
+      others = [j for j in jobs if j not in mine] if local is None else []
+      part_pool.run(mine, workers, label, others)
+  except BaseException as e:
+    # Finished parts are kept for a rerun, unless the input is bad (nothing to resume).
+    bad_input = isinstance(e, BertJaxError) and not isinstance(e, part_pool.PreparationError)
+    if bad_input or not any(n.startswith("part-") and ".tmp-" not in n
+                            for n in os.listdir(parts_root)):
+      shutil.rmtree(parts_root, ignore_errors=True)
+    raise
+  return Where(directory, settings, False, local)
+
+
+def _share_of(jobs: list[part_writer.PartJob], share: Share) -> list[part_writer.PartJob]:
+  return [j for j in jobs if j.part.index % share.count == share.index]
+
+
+def _missing(directory: str, seq_lens: list[int], complete: bool) -> list[int]:
+  return [l for l in seq_lens if not (complete and os.path.isdir(seq_dir(directory, l)))]
+
+
+def _parts_root(cache_dir: str, directory: str, key: str, seq_lens: list[int],
+                complete: bool) -> str:
+  """The hidden folder of the parts: one name for every process and every rerun."""
+  name = f".parts-seq{'-'.join(map(str, seq_lens))}"
+  return os.path.join(directory, name) if complete else os.path.join(cache_dir, f".{key}{name}")
+
+
+def _shared_tokenizer(c: DataSettings, seed: int, parts_root: str,
+                      given: Tokenizer | None) -> str:
+  """The vocabulary every part is made with, stored once in the parts folder."""
+  where = os.path.join(parts_root, TOKENIZER_DIR)
+  if not os.path.isdir(where):
+    tokenizer = given or make_tokenizer(c, seed)
+    staging = f"{where}.tmp-{owner()}"
+    tokenizer.save(staging)
+    try:
+      os.rename(staging, where)
+    except OSError:  # another process saved it first
+      shutil.rmtree(staging, ignore_errors=True)
+  return where
+
+
+def finish(c: DataSettings, seq_lens: list[int], where: Where, seed: int) -> str:
+  """Merges the complete parts into the preparation and makes it visible (atomic)."""
+  if where.complete:
+    return where.directory
+  directory, settings = where.directory, where.settings
+  cache_dir, key = os.path.split(directory)
+  complete = is_complete(directory, repair=False)
+  missing = _missing(directory, seq_lens, complete)
+  if not missing:
+    return directory
+  parts_root = _parts_root(cache_dir, directory, key, missing, complete)
+  tokenizer_dir = os.path.join(directory if complete else parts_root, TOKENIZER_DIR)
+  jobs = part_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
+  if where.local is not None:
+    jobs = _share_of(jobs, where.local)
+  try:
+    with writable(cache_dir):
+      if complete:
+        _add_seq_lens(c, directory, jobs, missing)
+      else:
+        _finish_fresh(c, settings, cache_dir, directory, jobs, missing)
+  finally:  # merged, or the corpus fails a check of the whole: nothing to resume
+    shutil.rmtree(parts_root, ignore_errors=True)
+  return directory
+
+
+def _finish_fresh(c: DataSettings, settings: dict, cache_dir: str, directory: str,
+                  jobs: list[part_writer.PartJob], seq_lens: list[int]) -> None:
+  staging = os.path.join(cache_dir, f".{os.path.basename(directory)}.tmp-{owner()}")
+  try:
+    os.makedirs(staging)
+    stats = part_merge.merge(c, jobs, {l: seq_dir(staging, l) for l in seq_lens})
+    write_json(os.path.join(staging, STATS_FILE), stats)
+    write_json(os.path.join(staging, SETTINGS_FILE), settings)
+    shutil.copytree(jobs[0].tokenizer_dir, os.path.join(staging, TOKENIZER_DIR))
+    check_corpus_unchanged(c, settings["corpus"])
+    write_manifest(staging)
+    try:
+      os.rename(staging, directory)  # atomic: the whole preparation appears at once
+    except OSError:
+      if not is_complete(directory, repair=False):  # not another process's finished copy
+        raise
   finally:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def _add_seq_lens(c, directory: str, seq_lens: list[int], seed: int) -> None:
-  """Adds seq_lens to a complete preparation, with its stored tokenizer."""
-  tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER_DIR))
+def _add_seq_lens(c: DataSettings, directory: str, jobs: list[part_writer.PartJob],
+                  seq_lens: list[int]) -> None:
+  """Adds seq_lens to a complete preparation, made with its stored tokenizer."""
   with open(os.path.join(directory, SETTINGS_FILE), encoding="utf-8") as f:
     started_from = json.load(f)["corpus"]  # what the preparation's key was made from
-  stagings = {l: os.path.join(directory, f".seq{l}.tmp-{_owner()}") for l in seq_lens}
+  stagings = {l: os.path.join(directory, f".seq{l}.tmp-{owner()}") for l in seq_lens}
   try:
-    with writable(os.path.dirname(directory)):
-      _write_examples(c, tokenizer, stagings, seed)
-      check_corpus_unchanged(c, started_from)
-      for l, staging in stagings.items():
-        os.rename(staging, seq_dir(directory, l))
+    part_merge.merge(c, jobs, stagings)
+    check_corpus_unchanged(c, started_from)
+    for l, staging in stagings.items():
+      os.rename(staging, seq_dir(directory, l))
   finally:
     for staging in stagings.values():
       shutil.rmtree(staging, ignore_errors=True)
-
-
-def _owner() -> str:
-  return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def _remove_stale(directory: str, prefix: str) -> None:
-  """Removes `<prefix>*.tmp-<host>-<pid>` debris of dead processes on this host."""
-  if not os.path.isdir(directory):
-    return
-  host = socket.gethostname()
-  for name in os.listdir(directory):
-    if not name.startswith(prefix) or ".tmp-" not in name:
-      continue
-    owner_host, _, pid = name.rpartition(".tmp-")[2].rpartition("-")
-    if owner_host == host and pid.isdigit() and not _alive(int(pid)):
-      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
 
 
 # --- settings ---
 
 
 def _settings(c: DataSettings, seed: int) -> dict:
-  """Everything that determines the data (checked in DataSettings); hashed into the cache key."""
+  """Everything that determines the data (checked in DataSettings); hashed into the cache key.
+
+  Not `num_workers`: the examples are the same for any number of workers.
+  """
   if c.vocab_file:
     with open(c.vocab_file, "rb") as f:
       vocab = {"file_sha256": hashlib.sha256(f.read()).hexdigest()}
   else:
     vocab = {"trained_size": int(c.vocab_size), "sample_bytes": int(c.vocab_sample_bytes)}
   vocab["lowercase"] = bool(c.lowercase)
+  fingerprint = corpus.fingerprint(c.corpus)
+  w = part_writer
   return {
       "data_version": DATA_VERSION,
-      "corpus": corpus.fingerprint(c.corpus),
+      "corpus": fingerprint,
       "format": c.format,
       "max_documents": int(c.max_documents),
       "vocab": vocab,
@@ -230,68 +338,51 @@ def _settings(c: DataSettings, seed: int) -> dict:
       "seed": int(seed),
       # Absent for the default, so data prepared before objectives existed stays valid.
       **({"objective": c.objective} if c.objective != "mlm+nsp" else {}),
-      "blocks": {"split_documents": SPLIT_BLOCK_DOCUMENTS, "split_chars": SPLIT_BLOCK_CHARS,
-                 "window_documents": WINDOW_DOCUMENTS, "window_tokens": WINDOW_TOKENS},
+      "blocks": {"split_documents": w.SPLIT_BLOCK_DOCUMENTS, "split_chars": w.SPLIT_BLOCK_CHARS,
+                 "window_documents": w.WINDOW_DOCUMENTS, "window_tokens": w.WINDOW_TOKENS,
+                 **_part_size(c, fingerprint)},
   }
+
+
+def _part_size(c: DataSettings, fingerprint: dict) -> dict:
+  """The part size, in the key of a corpus that may have several parts: a corpus of
+  text files over one part's size, and every TFDS corpus (its size is only known by
+  opening it, which a start with complete data should not have to do)."""
+  if c.max_documents:
+    return {}
+  if "tfds" in fingerprint:
+    return {"tfds_part_examples": corpus_parts.TFDS_PART_EXAMPLES}
+  total = _corpus_bytes(c, fingerprint)
+  return {"part_bytes": corpus_parts.part_bytes(total)} if total > corpus_parts.PART_BYTES else {}
+
+
+def _key_settings(c: DataSettings, seed: int, local: Share | None) -> dict:
+  settings = _settings(c, seed)
+  if local is not None:  # another key: the data of one share
+    settings["host_share"] = {"index": local.index, "count": local.count}
+  return settings
+
+
+def _corpus_bytes(c: DataSettings, fingerprint: dict) -> int:
+  if c.max_documents or not corpus.is_files(c.corpus):
+    return 0
+  files = [fingerprint] if "file" in fingerprint else fingerprint["files"]
+  return sum(f["size"] for f in files)
 
 
 def _hash(obj: Any) -> str:
   return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
 
 
-# --- documents: split, vocabulary, tokens ---
+# --- documents: split, vocabulary ---
 
 
 def documents(c: DataSettings, seed: int,
-               stats: corpus.CorpusStats) -> Iterator[tuple[bool, list[str]]]:
-  """(is_eval, document) for the whole corpus, in corpus order."""
-  docs = corpus.read_documents(c.corpus, c.format, c.max_documents, stats=stats)
-  return split_documents(docs, c.eval_fraction, seed, c.corpus)
-
-
-def split_documents(docs: Iterator[list[str]], eval_fraction: float, seed: int,
-                    spec: str) -> Iterator[tuple[bool, list[str]]]:
-  """Deterministic document-level split: (is_eval, document), in corpus order.
-
-  Documents are taken in blocks of SPLIT_BLOCK_DOCUMENTS (or SPLIT_BLOCK_CHARS
-  of text); each block sends a seeded random choice of its documents to eval,
-  as many as keep the running total at `eval_fraction` of all documents so far.
-  The first block holds at least four documents and sends at least two to
-  each split (NotNext needs two documents). A corpus of one block is split
-  exactly as a whole-corpus shuffle would.
-  """
-  block: list[list[str]] = []
-  chars = seen = n_eval = index = 0
-  need = 2 * MIN_DOCS_PER_SPLIT
-  for doc in docs:
-    block.append(doc)
-    chars += sum(map(len, doc))
-    if len(block) >= max(need, SPLIT_BLOCK_DOCUMENTS) or (
-        chars >= SPLIT_BLOCK_CHARS and len(block) >= need):
-      seen += len(block)
-      n_eval += yield from _assign(block, index, round(eval_fraction * seen) - n_eval, seed)
-      block, chars, index = [], 0, index + 1
-  if index == 0 and len(block) < need:
-    raise CorpusError(
-        f"corpus '{spec}' is too small: {len(block)} document(s), "
-        f"{sum(map(len, block))} sentence(s); need at least {need} documents "
-        f"({MIN_DOCS_PER_SPLIT} to train on, {MIN_DOCS_PER_SPLIT} held out for eval)")
-  if block:
-    seen += len(block)
-    yield from _assign(block, index, round(eval_fraction * seen) - n_eval, seed)
-
-
-def _assign(block: list[list[str]], index: int, n_eval: int,
-            seed: int) -> Iterator[tuple[bool, list[str]]]:
-  if index == 0:
-    n_eval = min(max(MIN_DOCS_PER_SPLIT, n_eval), len(block) - MIN_DOCS_PER_SPLIT)
-  n_eval = min(max(0, n_eval), len(block))
-  order = list(range(len(block)))
-  random.Random(seed if index == 0 else f"{seed}:split:{index}").shuffle(order)
-  chosen = set(order[:n_eval])
-  for i, doc in enumerate(block):
-    yield i in chosen, doc
-  return n_eval
+              stats: corpus.CorpusStats) -> Iterator[tuple[bool, list[str]]]:
+  """(is_eval, document) for the whole corpus, part after part, as preparation splits it."""
+  fmt = corpus.resolve_format(c.corpus, c.format)
+  for part in corpus_parts.plan(c.corpus, fmt, c.max_documents):
+    yield from part_writer.part_documents(c, part, fmt, seed, stats)
 
 
 def make_tokenizer(c: DataSettings, seed: int) -> Tokenizer:
@@ -314,247 +405,6 @@ def vocab_sample(docs: Iterator[tuple[bool, list[str]]], max_chars: int) -> Iter
       n += len(sentence)
     if n >= max_chars:
       return
-
-
-def _tokenized(docs: Iterator[tuple[bool, list[str]]], tokenizer: Tokenizer, pairs: bool,
-               counts: dict) -> Iterator[tuple[bool, np.ndarray, list[int]]]:
-  """(is_eval, ids int32 [T], sentence lengths) per document with tokens, in chunks."""
-  chunk: list[tuple[bool, list[str]]] = []
-  sentences = chars = 0
-  for is_eval, doc in docs:
-    chunk.append((is_eval, doc))
-    sentences += len(doc)
-    chars += sum(map(len, doc))
-    if sentences >= TOKENIZE_SENTENCES or chars >= TOKENIZE_CHARS:
-      yield from _tokenize_chunk(chunk, tokenizer, pairs, counts)
-      chunk, sentences, chars = [], 0, 0
-  yield from _tokenize_chunk(chunk, tokenizer, pairs, counts)
-
-
-def _tokenize_chunk(chunk: list[tuple[bool, list[str]]], tokenizer: Tokenizer, pairs: bool,
-                    counts: dict) -> Iterator[tuple[bool, np.ndarray, list[int]]]:
-  if not chunk:
-    return
-  flat, lengths = tokenizer.encode_batch_flat([s for _, doc in chunk for s in doc])
-  lengths = lengths.tolist()
-  counts["tokens"] += len(flat)
-  tok = sent = 0
-  for is_eval, doc in chunk:
-    lens = lengths[sent:sent + len(doc)]
-    sent += len(doc)
-    n = sum(lens)
-    # A copy: a view would keep the whole chunk alive as long as the document
-    # waits in a window (eval documents wait long).
-    ids = flat[tok:tok + n].copy()
-    tok += n
-    kept = [l for l in lens if l]
-    if not kept or (pairs and len(kept) != 2):
-      counts["documents_without_tokens" if not kept else "pairs_with_an_empty_half"] += 1
-      continue
-    yield is_eval, ids, kept
-
-
-class _WindowBuffer:
-  """Documents of one split until a window is full; the last two always wait.
-
-  Holding two back means the final window has at least two documents too, so
-  every document of a split with two or more gets a NotNext partner.
-  """
-
-  def __init__(self):
-    self.docs: list[tuple[np.ndarray, list[int]]] = []
-    self.tokens = 0
-    self.total = 0
-
-  def add(self, ids: np.ndarray, lengths: list[int]) -> pretraining_data.Window | None:
-    self.docs.append((ids, lengths))
-    self.tokens += len(ids)
-    self.total += 1
-    ready = len(self.docs) - 2
-    ready_tokens = self.tokens - len(self.docs[-1][0]) - len(self.docs[-2][0]) if ready > 0 else 0
-    if ready >= 2 and (ready >= WINDOW_DOCUMENTS or ready_tokens >= WINDOW_TOKENS):
-      out, self.docs = self.docs[:-2], self.docs[-2:]
-      self.tokens -= ready_tokens
-      return _window(out)
-    return None
-
-  def finish(self) -> pretraining_data.Window | None:
-    out, self.docs, self.tokens = self.docs, [], 0
-    return _window(out) if len(out) >= 2 else None
-
-
-def _window(docs: list[tuple[np.ndarray, list[int]]]) -> pretraining_data.Window:
-  return pretraining_data.Window.from_flat(np.concatenate([ids for ids, _ in docs]),
-                                           [lengths for _, lengths in docs])
-
-
-# --- examples -> records ---
-
-
-# long: one streaming pass from documents to records (docs/ARCHITECTURE.md)
-def _write_examples(c: DataSettings, tokenizer: Tokenizer,
-                    out_dirs: dict[int, str], seed: int) -> dict:
-  """One streaming pass: every seq_len's train and eval records; returns the stats."""
-  start = time.perf_counter()
-  pairs = corpus.resolve_format(c.corpus, c.format) == "tab"
-  # Tab lines are two-sentence documents: 'mlm' and 'mlm+sop' make theirs as from any document.
-  pair_nsp = pairs and c.objective == "mlm+nsp"
-  seq_lens = sorted(out_dirs)
-  big = tokenizer.vocab_size > 65536 or max(seq_lens) + 1 > 65535
-  dtype = np.dtype(np.int32 if big else np.uint16)
-  cap = int(c.max_eval_examples) or None
-  writers = {(l, s): _RecordWriter(os.path.join(out_dirs[l], s))
-             for l in seq_lens for s in ("train", "eval")}
-  corpus_stats = corpus.CorpusStats()
-  counts = {"tokens": 0, "documents_without_tokens": 0, "pairs_with_an_empty_half": 0}
-  buffers = {"train": _WindowBuffer(), "eval": _WindowBuffer()}
-  windows = {"train": 0, "eval": 0}
-  progress = _Progress(start, corpus_stats, counts)
-
-  def emit(split: str, window: pretraining_data.Window | None) -> None:
-    if window is None:
-      return
-    rng_seed = f"{seed}:{split}:{windows[split]}"
-    windows[split] += 1
-    for l in seq_lens:
-      writer = writers[(l, split)]
-      limit = cap if split == "eval" else None
-      if limit is not None and writer.count >= limit:
-        continue
-      rng = random.Random(rng_seed)
-      passes = c.eval_passes if split == "eval" else c.dupe_factor
-      spans = (pretraining_data.pair_spans(window, l, passes, rng) if pair_nsp else
-               pretraining_data.document_spans(window, l, c.short_seq_prob, passes, rng,
-                                               c.objective))
-      while block := list(itertools.islice(spans, _SPANS_PER_BLOCK)):
-        if limit is not None:
-          block = block[:limit - writer.count]
-        rows = _rows(window.tokens_T, np.asarray(block, np.int64), l, tokenizer, dtype)
-        writer.write_rows(rows)
-        writer.tokens += int(rows[:, 1].sum(dtype=np.int64))
-        if limit is not None and writer.count >= limit:
-          break
-
-  try:
-    docs = documents(c, seed, corpus_stats)
-    for is_eval, ids, lengths in _tokenized(docs, tokenizer, pairs, counts):
-      split = "eval" if is_eval else "train"
-      if split == "eval" and cap and all(writers[(l, "eval")].count >= cap for l in seq_lens):
-        buffers[split].total += 1  # counted, but no more eval examples are needed
-        continue
-      emit(split, buffers[split].add(ids, lengths))
-      progress.maybe_print()
-    for split, buffer in buffers.items():
-      if buffer.total < MIN_DOCS_PER_SPLIT:
-        name = "training" if split == "train" else "evaluation"
-        raise CorpusError(
-            f"corpus '{c.corpus}' has {buffer.total} {name} document(s) with any tokens; "
-            f"need at least {MIN_DOCS_PER_SPLIT}")
-      emit(split, buffer.finish())
-  finally:
-    for writer in writers.values():
-      writer.close()
-
-  seconds = time.perf_counter() - start
-  examples = {}
-  for l in seq_lens:
-    n = {s: writers[(l, s)].count for s in ("train", "eval")}
-    examples[l] = n
-    counts[f"example_tokens_seq{l}"] = sum(writers[(l, s)].tokens for s in ("train", "eval"))
-    write_json(os.path.join(out_dirs[l], INFO_FILE), {
-        "seq_len": l, "dtype": dtype.name, "train": n["train"], "eval": n["eval"],
-        "shards": {s: writers[(l, s)].shards for s in ("train", "eval")},
-        "files": {**writers[(l, "train")].files(), **writers[(l, "eval")].files()},
-        "record": "[n_a, n, label, input_ids[seq_len]]"})
-  stats = {**corpus_stats.to_dict(), **counts, "seconds": round(seconds, 3),
-           "tokens_per_second": round(counts["tokens"] / max(seconds, 1e-9)),
-           "windows": windows, "examples": {str(l): n for l, n in examples.items()},
-           "documents_by_split": {s: b.total for s, b in buffers.items()}}
-  summary = ", ".join(f"seq_len {l}: {n['train']} train / {n['eval']} eval examples"
-                      for l, n in examples.items())
-  print(f"Prepared {summary} from {corpus_stats.documents} documents "
-        f"({corpus_stats.sentences} sentences, {counts['tokens']} tokens) in {seconds:.1f} s "
-        f"({stats['tokens_per_second']} tokens/s)", flush=True)
-  for warning in corpus_stats.warnings():
-    print(f"warning: corpus: {warning}", file=sys.stderr, flush=True)
-  # Not an error, but it skews NSP toward NotNext ('mlm' and 'mlm+sop' never leave a document).
-  if corpus_stats.one_sentence_documents and c.objective == "mlm+nsp":
-    print(f"warning: corpus '{c.corpus}': {corpus_stats.one_sentence_documents} of "
-          f"{corpus_stats.documents} document(s) have a single sentence, so all their "
-          "examples are NotNext (B from another document)", file=sys.stderr, flush=True)
-  return stats
-
-
-def _rows(tokens_T: np.ndarray, spans_Kx5: np.ndarray, seq_len: int, tokenizer: Tokenizer,
-          dtype: np.dtype) -> np.ndarray:
-  """Records [K, 3 + L]: n_a, n, label, input_ids (a one-segment span has n = n_a)."""
-  rows = np.empty((len(spans_Kx5), HEADER + seq_len), dtype)
-  rows[:, 0] = spans_Kx5[:, 1] + 2
-  rows[:, 1] = spans_Kx5[:, 1] + spans_Kx5[:, 3] + 3
-  rows[:, 2] = spans_Kx5[:, 4]
-  rows[:, HEADER:] = pretraining_data.input_ids(tokens_T, spans_Kx5, seq_len,
-                                                 tokenizer.cls_id, tokenizer.sep_id)
-  return rows
-
-
-class _RecordWriter:
-  """Appends records to `<prefix>.<shard>.array_record` files, opened on first use.
-
-  A new shard every SHARD_RECORDS records: an array_record writer keeps
-  ~50 bytes per record in memory until it is closed.
-  """
-
-  def __init__(self, prefix: str):
-    self.prefix = prefix
-    self.count = 0
-    self.tokens = 0  # used positions, [CLS]/[SEP] included
-    self.shards: list[int] = []  # records per shard
-    self._writer = None
-
-  def write_rows(self, rows: np.ndarray) -> None:
-    start = 0
-    while start < len(rows):
-      if self._writer is None:
-        os.makedirs(os.path.dirname(self.prefix), exist_ok=True)
-        path = shard_path(self.prefix, len(self.shards))
-        self._writer = ArrayRecordWriter(path, _WRITER_OPTIONS)
-        self.shards.append(0)
-      take = min(len(rows) - start, SHARD_RECORDS - self.shards[-1])
-      write = self._writer.write
-      for row in rows[start:start + take]:
-        write(row.tobytes())
-      self.shards[-1] += take
-      self.count += take
-      start += take
-      if self.shards[-1] == SHARD_RECORDS:
-        self.close()
-
-  def close(self) -> None:
-    if self._writer is not None:
-      self._writer.close()
-      self._writer = None
-
-  def files(self) -> dict[str, int]:
-    """{shard file name: byte size} of the closed shards (recorded in info.json)."""
-    paths = [shard_path(self.prefix, i) for i in range(len(self.shards))]
-    return {os.path.basename(p): os.path.getsize(p) for p in paths}
-
-
-class _Progress:
-  """A line every 30 s on long preparations (hours on big corpora)."""
-
-  def __init__(self, start: float, stats: corpus.CorpusStats, counts: dict):
-    self.start, self.stats, self.counts = start, stats, counts
-    self.next = start + _PROGRESS_SECONDS
-
-  def maybe_print(self) -> None:
-    now = time.perf_counter()
-    if now < self.next:
-      return
-    self.next = now + _PROGRESS_SECONDS
-    tokens = self.counts["tokens"]
-    print(f"  ... {self.stats.documents} documents, {tokens} tokens, "
-          f"{tokens / (now - self.start):.0f} tokens/s", flush=True)
 
 
 # --- reading back ---

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +47,34 @@ def write_json(path: str, obj: Any) -> None:
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(obj, f, indent=2, sort_keys=True)
   os.replace(tmp, path)
+
+
+def owner() -> str:
+  """`<host>-<pid>`: the end of a staging folder's name (`<name>.tmp-<owner>`)."""
+  return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def remove_stale(directory: str, prefix: str) -> None:
+  """Removes `<prefix>*.tmp-<host>-<pid>` debris of dead processes on this host."""
+  if not os.path.isdir(directory):
+    return
+  host = socket.gethostname()
+  for name in os.listdir(directory):
+    if not name.startswith(prefix) or ".tmp-" not in name:
+      continue
+    owner_host, _, pid = name.rpartition(".tmp-")[2].rpartition("-")
+    if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
 
 
 class ExampleSource:

@@ -109,16 +109,28 @@ class TrainIterator:
   [b*G, (b+1)*G); host p of P yields items [b*G + p*G/P, b*G + (p+1)*G/P),
   so hosts read disjoint data whose union is the global batch. `prefetch`
   batches are read ahead on a background thread (0 = read on demand).
+
+  With `per_host`, `source` holds only this host's examples (host-local parts,
+  see dataset.Share): the host's stream is its own, epoch e the permutation of
+  its examples drawn from (seed, host, e), and global batch b is every host's
+  batch b of G/P examples. The same process count resumes exactly; another
+  needs other parts on each host (prepared again), and gives another order.
   """
 
   def __init__(self, source: Any, global_batch_size: int, seed: int, process_index: int = 0,
-               process_count: int = 1, start_batch: int = 0, prefetch: int = 2):
+               process_count: int = 1, start_batch: int = 0, prefetch: int = 2,
+               per_host: bool = False):
     local = _check_hosts(global_batch_size, process_index, process_count)
     if start_batch < 0:
       raise ConfigError(f"start_batch must be >= 0, got {start_batch}")
     if len(source) == 0:
       raise CorpusError("the training data has no examples")
-    self._sampler = _Sampler(source, global_batch_size, local, process_index * local, int(seed))
+    if per_host:
+      stream_seed = int(seed) if process_count == 1 else int(seed) * 100_003 + process_index
+      self._sampler = _Sampler(source, local, local, 0, stream_seed)
+    else:
+      self._sampler = _Sampler(source, global_batch_size, local, process_index * local,
+                               int(seed))
     self._position = int(start_batch)
     self._prefetch = int(prefetch)
     self._queue: queue.Queue | None = None
@@ -185,23 +197,28 @@ class TrainIterator:
 
 
 def eval_batches(source: Any, global_batch_size: int, process_index: int = 0,
-                 process_count: int = 1) -> Iterator[Batch]:
+                 process_count: int = 1,
+                 host_sizes: Sequence[int] | None = None) -> Iterator[Batch]:
   """One pass in stored order; the last batch is padded with all-zero examples.
 
   `example_mask_B` is 1 for real examples and 0 for padding. All hosts yield
   the same number of batches, ceil(len(source) / G), so they stay in step in
-  collective ops.
+  collective ops. With `host_sizes` (every host's eval examples), `source`
+  holds only this host's (host-local parts): each host reads G/P of its own
+  per batch, for as many batches as the largest needs.
   """
   local = _check_hosts(global_batch_size, process_index, process_count)
+  if host_sizes is not None:
+    return _eval_batches(source, local, local, 0, max(host_sizes))
   return _eval_batches(source, global_batch_size, local, process_index * local)
 
 
 def _eval_batches(source: Any, global_batch_size: int, local: int,
-                  offset: int) -> Iterator[Batch]:
+                  offset: int, longest: int | None = None) -> Iterator[Batch]:
   n = len(source)
-  if n == 0:
+  if max(n, longest or 0) == 0:
     return
-  for start in range(0, n, global_batch_size):
+  for start in range(0, max(n, longest or 0), global_batch_size):
     first = start + offset
     indices = list(range(first, min(first + local, n)))
     real = len(indices)

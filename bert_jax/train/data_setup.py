@@ -1,12 +1,20 @@
 """Data set-up of a run: prepare once, and agree on it across processes.
 
-Process 0 prepares; with several processes the others then use its
-vocabulary, whatever their storage (see `_prepare_data_multiprocess`).
+With several processes, process 0 makes the vocabulary (trained once, on its
+sample) and every other process uses it. Then, when every process sees the
+same cache (a probe file process 0 writes in it), they prepare the
+parts of the corpus together, process i the parts with index % P == i, each
+with its host's workers, and process 0 merges them and makes the data visible
+once all are done. Otherwise (a cache per host) process i prepares and reads
+only the parts i, i+P, ... (`dataset.Share`; input_pipeline's `per_host`), or,
+for a corpus of fewer parts than processes, the whole corpus, all hosts at the
+same time. Any process's failure stops every process with one line (`_agree`).
 """
 
 import dataclasses
 import json
 import os
+import secrets
 import tempfile
 from typing import Callable
 
@@ -14,68 +22,129 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax.data import dataset
+from bert_jax.data import dataset, part_merge
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.settings import DataSettings
-from bert_jax.data.tokenizer import VOCAB_FILE, Tokenizer
+from bert_jax.data.tokenizer import Tokenizer
 
 
 def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
                  workdir: str) -> dataset.Prepared:
   """The prepared examples of every seq_len (prepared now if not stored yet)."""
   cache_dir = data.cache_dir or os.path.join(workdir, "prepared")
-  prepare = lambda d: dataset.prepare(d, seq_lens, cache_dir, seed)
   if jax.process_count() == 1:
-    return prepare(data)
-  return _prepare_data_multiprocess(data, cache_dir, prepare)
+    return dataset.prepare(data, seq_lens, cache_dir, seed)
+  return _prepare_data_multiprocess(data, seq_lens, cache_dir, seed)
 
 
-def _prepare_data_multiprocess(data: DataSettings, cache_dir: str,
-                               prepare: Callable) -> dataset.Prepared:
-  """Process 0 prepares; the others then use its vocabulary, whatever their storage.
-
-  No other process trains its own vocabulary (another host's `tokenizers`
-  version could learn another one): on
-  shared storage they load process 0's files; on a host-local cache they
-  build the same (seeded) examples from process 0's vocabulary.
-  """
-  prepared, error = None, None
-  if jax.process_index() == 0:
+def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_dir: str,
+                               seed: int) -> dataset.Prepared:
+  """Process 0's vocabulary for all; the parts shared out on a shared cache."""
+  me, count = jax.process_index(), jax.process_count()
+  mine, error = {}, None
+  if me == 0:
     try:
-      prepared = prepare(data)
+      mine = _vocabulary_message(data, seq_lens, cache_dir, seed)
     except Exception as e:  # pylint: disable=broad-except
-      error = e
-  # Every process waits here for process 0's result, and a failure there
+      mine, error = _failure(e), e
+  # Every process waits here for process 0's vocabulary, and a failure there
   # stops them all instead of leaving them blocked in the next collective.
-  if error is not None:
-    mine = {"error": f"{type(error).__name__}: {' '.join(str(error).split())}",
-            "user_error": isinstance(error, BertJaxError)}
-  elif prepared is not None:
-    mine = {"key": os.path.basename(prepared.directory), "vocab": prepared.tokenizer.vocab,
-            "lowercase": prepared.tokenizer.lowercase}
-  else:
-    mine = {}  # not process 0: only its message is read
   msg = json.loads(_broadcast_from_process_0(json.dumps(mine)))
   if error is not None:
     raise error
   if "error" in msg:
     cls = BertJaxError if msg["user_error"] else RuntimeError
     raise cls(f"process 0 could not prepare the data: {msg['error']}")
-  if jax.process_index() != 0:
-    own = os.path.join(os.path.abspath(cache_dir), msg["key"], dataset.TOKENIZER_DIR, VOCAB_FILE)
-    if data.vocab_file or os.path.isfile(own):
-      prepared = prepare(data)  # process 0's files on shared storage, or this host's own
-    else:
-      with tempfile.TemporaryDirectory() as tmp:
-        vocab_file = Tokenizer(msg["vocab"], msg["lowercase"]).save(tmp)
-        prepared = prepare(dataclasses.replace(data, vocab_file=vocab_file,
-                                               lowercase=msg["lowercase"]))
-    if prepared.tokenizer.vocab != msg["vocab"]:
-      raise ConfigError(
-          f"config.data.cache_dir: process {jax.process_index()}'s prepared data "
-          f"{prepared.directory} has another vocabulary than process 0's; share the cache "
-          "directory between hosts, delete it on this host, or set config.data.vocab_file")
+  # Shared only if every process finds process 0's probe in its own cache_dir.
+  probe = os.path.join(os.path.abspath(cache_dir), f".probe-{msg['probe']}")
+  shared = all(m["sees"] for m in _gather_json({"sees": os.path.exists(probe)}))
+  if me == 0:
+    os.remove(probe)
+  tokenizer = Tokenizer(msg["vocab"], msg["lowercase"])
+  if shared:
+    share = dataset.Share(me, count)
+    where = _agree(lambda: dataset.prepare_parts(data, seq_lens, cache_dir, seed, share,
+                                                 tokenizer))
+    directory = _agree(lambda: dataset.finish(data, seq_lens, where, seed) if me == 0 else "")
+    directory = _broadcast_from_process_0(directory)
+    return dataset.load(directory, sorted(set(seq_lens)))
+  if msg["parts"] >= count:  # every host prepares and reads only its own parts
+    return _prepare_host_local(data, seq_lens, cache_dir, seed, msg, tokenizer)
+  if me == 0 or data.vocab_file:
+    prepared = _agree(lambda: dataset.prepare(data, seq_lens, cache_dir, seed))
+  else:
+    with tempfile.TemporaryDirectory() as tmp:
+      vocab_file = tokenizer.save(tmp)
+      mine = dataclasses.replace(data, vocab_file=vocab_file, lowercase=tokenizer.lowercase)
+      prepared = _agree(lambda: dataset.prepare(mine, seq_lens, cache_dir, seed))
+  if prepared.tokenizer.vocab != msg["vocab"]:
+    raise ConfigError(
+        f"config.data.cache_dir: process {me}'s prepared data {prepared.directory} has another "
+        "vocabulary than process 0's; share the cache directory between hosts, delete it on "
+        "this host, or set config.data.vocab_file")
   return prepared
+
+
+def _prepare_host_local(data: DataSettings, seq_lens: list[int], cache_dir: str, seed: int,
+                        msg: dict, tokenizer: Tokenizer) -> dataset.Prepared:
+  """Host-local caches: process i prepares and reads the parts i, i+P, ... only."""
+  me, count = jax.process_index(), jax.process_count()
+
+  def mine() -> dataset.Prepared:
+    if me == 0:
+      part_merge.discard_unused(msg["where"])  # its vocabulary goes into the share's data
+    elif dataset.parts_count(data) != msg["parts"]:
+      raise ConfigError(f"config.data.corpus: '{data.corpus}' on process {me} has "
+                        f"{dataset.parts_count(data)} parts, on process 0 {msg['parts']}; "
+                        "expected the same corpus on every host")
+    return dataset.prepare(data, seq_lens, cache_dir, seed, dataset.Share(me, count),
+                           tokenizer)
+
+  prepared = _agree(mine)
+  if prepared.tokenizer.vocab != msg["vocab"]:
+    raise ConfigError(
+        f"config.data.cache_dir: process {me}'s prepared data {prepared.directory} has another "
+        "vocabulary than process 0's; delete it on this host, or set config.data.vocab_file")
+  sizes = _gather_json({str(l): len(src) for l, src in prepared.eval.items()})
+  return dataclasses.replace(prepared, eval_sizes={l: [s[str(l)] for s in sizes]
+                                                   for l in prepared.eval})
+
+
+def _vocabulary_message(data: DataSettings, seq_lens: list[int], cache_dir: str,
+                        seed: int) -> dict:
+  tokenizer, where = dataset.vocabulary(data, seq_lens, cache_dir, seed, jax.process_count())
+  probe = secrets.token_hex(8)  # a file only processes that share this cache_dir see
+  with open(os.path.join(os.path.abspath(cache_dir), f".probe-{probe}"), "w",
+            encoding="utf-8"):
+    pass
+  return {"vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "where": where,
+          "parts": dataset.parts_count(data), "probe": probe}
+
+
+def _failure(e: BaseException) -> dict:
+  """A failure as a message to the other processes."""
+  return {"error": f"{type(e).__name__}: {' '.join(str(e).split())}",
+          "user_error": isinstance(e, BertJaxError)}
+
+
+def _agree(fn: Callable):
+  """fn()'s result on every process, or, if any process failed, its error everywhere.
+
+  A collective: all processes call it, so none is left waiting in the next one.
+  """
+  result, error = None, None
+  try:
+    result = fn()
+  except Exception as e:  # pylint: disable=broad-except
+    error = e
+  everyone = _gather_json({} if error is None else _failure(error))
+  if error is not None:
+    raise error
+  for i, msg in enumerate(everyone):
+    if "error" in msg:
+      cls = BertJaxError if msg["user_error"] else RuntimeError
+      raise cls(f"process {i} could not prepare the data: {msg['error']}")
+  return result
 
 
 def _broadcast_from_process_0(text: str) -> str:
@@ -84,3 +153,13 @@ def _broadcast_from_process_0(text: str) -> str:
   n = int(multihost_utils.broadcast_one_to_all(np.int32(data.size)))
   buf = data if jax.process_index() == 0 else np.zeros(n, np.uint8)
   return bytes(np.asarray(multihost_utils.broadcast_one_to_all(buf))).decode()
+
+
+def _gather_json(obj) -> list:
+  """Every process's `obj` (JSON-able), in process order (a collective)."""
+  data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.int32(data.size))).reshape(-1)
+  buf = np.zeros(int(sizes.max()), np.uint8)
+  buf[:data.size] = data
+  rows = np.asarray(multihost_utils.process_allgather(buf)).reshape(len(sizes), -1)
+  return [json.loads(bytes(row[:n]).decode()) for row, n in zip(rows, sizes.tolist())]

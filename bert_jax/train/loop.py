@@ -84,9 +84,11 @@ class TrainLoop:
     return ev
 
   def eval_batches(self, phase: Phase):
+    sizes = self.prepared.eval_sizes  # host-local parts: every host's eval examples
     return input_pipeline.eval_batches(self.prepared.eval[phase.seq_len],
                                        self.s.train.batch_size,
-                                       jax.process_index(), jax.process_count())
+                                       jax.process_index(), jax.process_count(),
+                                       sizes[phase.seq_len] if sizes else None)
 
   def evaluate(self, phase: Phase) -> dict:
     t0 = time.perf_counter()
@@ -143,7 +145,8 @@ class TrainLoop:
         self.prepared.train[phase.seq_len], self.s.train.batch_size,
         seed=self.s.run.seed + phase.index, process_index=jax.process_index(),
         process_count=jax.process_count(),
-        start_batch=st.position if st.step > phase.start else 0)
+        start_batch=st.position if st.step > phase.start else 0,
+        per_host=self.prepared.local is not None)
     step_fn = self.steps.train_step_fn(phase.max_predictions)
     console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
                 f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
