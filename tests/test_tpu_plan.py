@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import bert_jax
 from bert_jax import settings as settings_lib
 from bert_jax.model import precision
 from bert_jax.dist import hlo, plan as plan_lib, plan_report, topology
@@ -129,6 +130,63 @@ def test_cli_unknown_topology_is_one_error_line(tmp_path):
   lines = r.stderr.strip().splitlines()
   assert lines[-1].startswith("error: --topology 'v9-8': unknown TPU slice; expected"), r.stderr
   assert not out.exists()
+
+
+# ----------------------------------------------------------------------------
+# libtpu installed on a CPU-only host: normal runs stay quiet and on the CPU
+
+
+def test_cpu_only_host_with_libtpu_pins_jax_to_the_cpu_and_nothing_else():
+  lib = {"TPU_LIBRARY_PATH": "/opt/libtpu.so"}  # libtpu installed (by path)
+  env = dict(lib)
+  assert bert_jax.cpu_only_without_accelerator(env, accelerator=False)
+  assert env["JAX_PLATFORMS"] == "cpu"
+  for env, accelerator in (({**lib, "JAX_PLATFORMS": "tpu"}, False),  # the user's choice
+                           ({**lib, "JAX_PLATFORMS": ""}, False),
+                           ({**lib, "JAX_FORCE_TPU_INIT": "1"}, False),
+                           (dict(lib), True)):  # a TPU VM (or a GPU host)
+    before = dict(env)
+    assert not bert_jax.cpu_only_without_accelerator(env, accelerator=accelerator)
+    assert env == before
+
+
+def test_accelerator_device_files_are_found(tmp_path):
+  (tmp_path / "dev").mkdir()
+  pattern = (str(tmp_path / "dev" / "accel*"),)
+  vendors = str(tmp_path / "pci" / "*" / "vendor")
+  assert not bert_jax.has_accelerator(pattern, vendors)
+  (tmp_path / "pci" / "0000:00:04.0").mkdir(parents=True)
+  (tmp_path / "pci" / "0000:00:04.0" / "vendor").write_text("0x8086\n")
+  assert not bert_jax.has_accelerator(pattern, vendors)
+  (tmp_path / "dev" / "accel0").write_text("")  # a v4 TPU VM's chip
+  assert bert_jax.has_accelerator(pattern, vendors)
+  (tmp_path / "dev" / "accel0").unlink()
+  (tmp_path / "pci" / "0000:00:04.0" / "vendor").write_text("0x1ae0\n")  # Google: a TPU chip
+  assert bert_jax.has_accelerator(pattern, vendors)
+
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.skipif(bert_jax.has_accelerator(), reason="this host has a TPU or GPU")
+def test_plain_train_run_with_libtpu_installed_is_quiet_and_on_cpu(tmp_path):
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_PLATFORMS", "XLA_FLAGS") and not k.startswith("TPU_")}
+  tiny_run = ["--config.data.corpus=" + os.path.join(ROOT, "data", "corpus.txt"),
+              "--config.data.dupe_factor=1", "--config.data.vocab_size=512",
+              "--config.model.hidden_size=32", "--config.model.num_layers=1",
+              "--config.model.num_heads=2", "--config.model.intermediate_size=64",
+              "--config.model.max_position_embeddings=32", "--config.train.seq_lens=(32,)",
+              "--config.train.max_predictions=(5,)", "--config.train.batch_size=8",
+              "--config.train.num_steps=1", "--config.eval_batches=1",
+              "--config.progress_bar=False"]
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--workdir",
+                      str(tmp_path / "w"), *tiny_run], capture_output=True, text=True,
+                     timeout=600, cwd=ROOT, env=env)
+  out = r.stdout + r.stderr
+  assert r.returncode == 0, out[-2000:]
+  for noise in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "libtpu", "TPU"):
+    assert noise not in out, out[-2000:]
+  assert "1 cpu devices" in out, out[-2000:]
 
 
 # ----------------------------------------------------------------------------
