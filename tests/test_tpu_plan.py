@@ -396,6 +396,11 @@ def test_tpu_collectives_are_those_of_the_param_sharding(tpu_plan):
   train = plan.steps[0]
   kinds = {c.kind: c for c in train.collectives}
   floats = {k: c.float_bytes for k, c in kinds.items()}
+  # Gradients are reduced across devices in float32 (the embedding tables' too: they are
+  # looked up in float32, so their gradients are not bf16 scatter-adds).
+  for kind in ("all-reduce", "reduce-scatter"):
+    if kind in kinds:
+      assert set(kinds[kind].dtypes) <= {"f32", "s32", "u32", "pred"}, (kind, kinds[kind].dtypes)
   if mode == "replicated":  # the gradient all-reduce (XLA combines the tensors), no gathers
     assert set(kinds) <= {"all-reduce", "all-gather"} and not floats.get("all-gather"), kinds
     # the gradients cross the wire once: at least the parameters in bf16
@@ -437,3 +442,41 @@ def test_every_tpu_matmul_is_bf16_operands_f32_accumulation(tpu_plan):
     # The CPU layout workaround (transposes behind optimization barriers) is not in a TPU
     # program (remat is off here, so no barrier is expected at all).
     assert st.optimization_barriers == 0
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_fit_search_on_a_real_out_of_hbm_compile(monkeypatch):
+  """A batch the v5e compiler refuses (16 GiB of HBM): the planner says so, finds the largest
+  per-device batch that fits and a change that makes the requested batch fit, each compiled."""
+  t = topology.parse("v5e-8")
+  devices = topology.devices(t)
+  too_many = 1 << 17  # about 22 GiB per device: 0.17 MiB a row, measured
+  s = tiny_settings(**{"train.batch_size": too_many * 8})
+  compiled = {}  # per-device batch -> fits, of every train step compiled as configured
+  real = plan_lib.Planner.compile_step
+
+  def recorded(self, kind, ph, batch_size=None):
+    st = real(self, kind, ph, batch_size)
+    if (not self.s.model.remat and self.s.train.grad_accum_steps == 1
+        and self.s.mesh.param_sharding == "replicated"):
+      compiled[st.per_device_batch] = st.fits
+    return st
+
+  monkeypatch.setattr(plan_lib.Planner, "compile_step", recorded)
+  plan = plan_lib.make_plan(s, devices, t.describe(), t.hbm_bytes_per_device, include_eval=False,
+                            max_search_compiles=6)
+  train = plan.steps[0]
+  assert not train.fits and not plan.fits
+  assert "RESOURCE_EXHAUSTED" in train.error and train.total_bytes > t.hbm_bytes_per_device
+  best = plan.max_per_device_batch
+  assert best and best < too_many, compiled
+  # Verified by compiles: the batch found fits, one more row per device does not.
+  assert compiled[best] is True and compiled[best + 1] is False, compiled
+  fixes = {f.field: f for f in plan.fixes}
+  accum = [f for name, f in fixes.items() if "grad_accum_steps" in name]
+  assert accum and accum[0].fits and 0 < accum[0].total_bytes <= t.hbm_bytes_per_device
+  assert "--config.mesh.param_sharding=fsdp" in fixes  # tried, whatever it gives
+  text = plan_report.format_plan(plan)
+  assert "does NOT fit" in text and f"largest per-device batch that fits: {best}" in text
+  assert f"{accum[0].field}: fits" in text
