@@ -451,8 +451,11 @@ def test_fit_search_on_a_real_out_of_hbm_compile(monkeypatch):
   per-device batch that fits and a change that makes the requested batch fit, each compiled."""
   t = topology.parse("v5e-8")
   devices = topology.devices(t)
-  too_many = 1 << 17  # about 22 GiB per device: 0.17 MiB a row, measured
-  s = tiny_settings(**{"train.batch_size": too_many * 8})
+  too_many = 32  # rows per device: 128 heads of 512 x 512 attention, far past 16 GiB
+  s = tiny_settings(**{"train.batch_size": too_many * 8, "train.seq_lens": (512,),
+                       "train.max_predictions": (20,), "model.max_position_embeddings": 512,
+                       "model.hidden_size": 128, "model.num_heads": 128,
+                       "model.dropout_rng": "rbg"})  # the hash's 32-bit counter is too small
   compiled = {}  # per-device batch -> fits, of every train step compiled as configured
   real = plan_lib.Planner.compile_step
 

@@ -243,7 +243,7 @@ class Planner:
     except Exception as e:  # XlaRuntimeError: RESOURCE_EXHAUSTED and the like
       plan.compile_seconds = time.perf_counter() - t
       plan.error = _one_line(e)
-      plan.total_bytes = _required_bytes(plan.error)
+      plan.total_bytes = _required_bytes(" ".join(str(e).split()))  # the number is past a '('
       self.log(f"  {plan.name}, B={B}: does not compile ({plan.compile_seconds:.0f} s): "
                f"{plan.error[:160]}")
       return plan
