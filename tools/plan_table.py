@@ -192,7 +192,8 @@ def write_table(path: str, rows: dict) -> None:
   seconds = sum(r["wall_seconds"] for r in done)
   missing = len(order) - len(done)
   text = (f"Generated {date} by `python tools/plan_table.py` (jax {v.get('jax', '?')}, libtpu "
-          f"{v.get('libtpu', '-')}) on this host (2-core AMD EPYC, 24 GiB RAM), {seconds:.0f} s "
+          f"{v.get('libtpu', '-')}) on this host (2-core AMD EPYC, 24 GiB RAM, shared with "
+          f"other jobs), {seconds:.0f} s "
           f"of compiling, each row in a process of its own."
           + (f" Missing: {missing} of {len(order)} rows." if missing else "")
           + " Global batch 256, the configs as shipped (mixed bf16; BERT-Large with remat); "
