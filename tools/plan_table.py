@@ -2,6 +2,7 @@
 
   python tools/plan_table.py                       # all 16 rows, then the table
   python tools/plan_table.py --models large --topologies v4-8 --phases 1   # one row again
+  python tools/plan_table.py --table-only          # the table again from plan_table.json
   python tools/plan_table.py --dot-layouts --models base --topologies v4-8,v5e-8 --phases 0
 
 Compiles the real train step of each phase (phase 1: L=128, P=20; phase 2:
@@ -226,6 +227,8 @@ def main(argv=None) -> int:
                   help="stop a row whose compile needs more host RAM than this")
   ap.add_argument("--dot-layouts", action="store_true",
                   help="temporaries with the plain mixed dot and with CPU's layouts")
+  ap.add_argument("--table-only", action="store_true",
+                  help="only rewrite the Markdown table from the rows kept in the JSON file")
   ap.add_argument("--one", help=argparse.SUPPRESS)  # model:slice:phase, in a child process
   ap.add_argument("--result", help=argparse.SUPPRESS)
   ap.add_argument("--layout", default="", help=argparse.SUPPRESS)
@@ -243,6 +246,9 @@ def main(argv=None) -> int:
   if os.path.exists(store):
     with open(store) as f:
       rows = json.load(f)
+  if args.table_only:
+    write_table(args.out, rows)
+    return 0
   with tempfile.TemporaryDirectory() as tmp:
     for key in row_keys(args):
       r = run_child(key, args, os.path.join(tmp, "row.json"))
