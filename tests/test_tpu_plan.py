@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import bert_jax
 from bert_jax import settings as settings_lib
 from bert_jax.model import precision
 from bert_jax.dist import hlo, plan as plan_lib, plan_report, topology
@@ -129,6 +130,63 @@ def test_cli_unknown_topology_is_one_error_line(tmp_path):
   lines = r.stderr.strip().splitlines()
   assert lines[-1].startswith("error: --topology 'v9-8': unknown TPU slice; expected"), r.stderr
   assert not out.exists()
+
+
+# ----------------------------------------------------------------------------
+# libtpu installed on a CPU-only host: normal runs stay quiet and on the CPU
+
+
+def test_cpu_only_host_with_libtpu_pins_jax_to_the_cpu_and_nothing_else():
+  lib = {"TPU_LIBRARY_PATH": "/opt/libtpu.so"}  # libtpu installed (by path)
+  env = dict(lib)
+  assert bert_jax.cpu_only_without_accelerator(env, accelerator=False)
+  assert env["JAX_PLATFORMS"] == "cpu"
+  for env, accelerator in (({**lib, "JAX_PLATFORMS": "tpu"}, False),  # the user's choice
+                           ({**lib, "JAX_PLATFORMS": ""}, False),
+                           ({**lib, "JAX_FORCE_TPU_INIT": "1"}, False),
+                           (dict(lib), True)):  # a TPU VM (or a GPU host)
+    before = dict(env)
+    assert not bert_jax.cpu_only_without_accelerator(env, accelerator=accelerator)
+    assert env == before
+
+
+def test_accelerator_device_files_are_found(tmp_path):
+  (tmp_path / "dev").mkdir()
+  pattern = (str(tmp_path / "dev" / "accel*"),)
+  vendors = str(tmp_path / "pci" / "*" / "vendor")
+  assert not bert_jax.has_accelerator(pattern, vendors)
+  (tmp_path / "pci" / "0000:00:04.0").mkdir(parents=True)
+  (tmp_path / "pci" / "0000:00:04.0" / "vendor").write_text("0x8086\n")
+  assert not bert_jax.has_accelerator(pattern, vendors)
+  (tmp_path / "dev" / "accel0").write_text("")  # a v4 TPU VM's chip
+  assert bert_jax.has_accelerator(pattern, vendors)
+  (tmp_path / "dev" / "accel0").unlink()
+  (tmp_path / "pci" / "0000:00:04.0" / "vendor").write_text("0x1ae0\n")  # Google: a TPU chip
+  assert bert_jax.has_accelerator(pattern, vendors)
+
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.skipif(bert_jax.has_accelerator(), reason="this host has a TPU or GPU")
+def test_plain_train_run_with_libtpu_installed_is_quiet_and_on_cpu(tmp_path):
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_PLATFORMS", "XLA_FLAGS") and not k.startswith("TPU_")}
+  tiny_run = ["--config.data.corpus=" + os.path.join(ROOT, "data", "corpus.txt"),
+              "--config.data.dupe_factor=1", "--config.data.vocab_size=512",
+              "--config.model.hidden_size=32", "--config.model.num_layers=1",
+              "--config.model.num_heads=2", "--config.model.intermediate_size=64",
+              "--config.model.max_position_embeddings=32", "--config.train.seq_lens=(32,)",
+              "--config.train.max_predictions=(5,)", "--config.train.batch_size=8",
+              "--config.train.num_steps=1", "--config.eval_batches=1",
+              "--config.progress_bar=False"]
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--workdir",
+                      str(tmp_path / "w"), *tiny_run], capture_output=True, text=True,
+                     timeout=600, cwd=ROOT, env=env)
+  out = r.stdout + r.stderr
+  assert r.returncode == 0, out[-2000:]
+  for noise in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "libtpu", "TPU"):
+    assert noise not in out, out[-2000:]
+  assert "1 cpu devices" in out, out[-2000:]
 
 
 # ----------------------------------------------------------------------------
@@ -338,6 +396,12 @@ def test_tpu_collectives_are_those_of_the_param_sharding(tpu_plan):
   train = plan.steps[0]
   kinds = {c.kind: c for c in train.collectives}
   floats = {k: c.float_bytes for k, c in kinds.items()}
+  # Gradients are reduced across devices in float32 (the embedding tables' too: they are
+  # looked up in float32, so their gradients are not bf16 scatter-adds). Replicated, every
+  # all-reduce is a gradient's; with FSDP XLA also all-reduces bf16 activations.
+  for kind in ("all-reduce", "reduce-scatter") if mode == "replicated" else ("reduce-scatter",):
+    if kind in kinds:
+      assert set(kinds[kind].dtypes) <= {"f32", "s32", "u32", "pred"}, (kind, kinds[kind].dtypes)
   if mode == "replicated":  # the gradient all-reduce (XLA combines the tensors), no gathers
     assert set(kinds) <= {"all-reduce", "all-gather"} and not floats.get("all-gather"), kinds
     # the gradients cross the wire once: at least the parameters in bf16
@@ -379,3 +443,44 @@ def test_every_tpu_matmul_is_bf16_operands_f32_accumulation(tpu_plan):
     # The CPU layout workaround (transposes behind optimization barriers) is not in a TPU
     # program (remat is off here, so no barrier is expected at all).
     assert st.optimization_barriers == 0
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_fit_search_on_a_real_out_of_hbm_compile(monkeypatch):
+  """A batch the v5e compiler refuses (16 GiB of HBM): the planner says so, finds the largest
+  per-device batch that fits and a change that makes the requested batch fit, each compiled."""
+  t = topology.parse("v5e-8")
+  devices = topology.devices(t)
+  too_many = 32  # rows per device: 128 heads of 512 x 512 attention, far past 16 GiB
+  s = tiny_settings(**{"train.batch_size": too_many * 8, "train.seq_lens": (512,),
+                       "train.max_predictions": (20,), "model.max_position_embeddings": 512,
+                       "model.hidden_size": 128, "model.num_heads": 128,
+                       "model.dropout_rng": "rbg"})  # the hash's 32-bit counter is too small
+  compiled = {}  # per-device batch -> fits, of every train step compiled as configured
+  real = plan_lib.Planner.compile_step
+
+  def recorded(self, kind, ph, batch_size=None):
+    st = real(self, kind, ph, batch_size)
+    if (not self.s.model.remat and self.s.train.grad_accum_steps == 1
+        and self.s.mesh.param_sharding == "replicated"):
+      compiled[st.per_device_batch] = st.fits
+    return st
+
+  monkeypatch.setattr(plan_lib.Planner, "compile_step", recorded)
+  plan = plan_lib.make_plan(s, devices, t.describe(), t.hbm_bytes_per_device, include_eval=False,
+                            max_search_compiles=6)
+  train = plan.steps[0]
+  assert not train.fits and not plan.fits
+  assert "RESOURCE_EXHAUSTED" in train.error and train.total_bytes > t.hbm_bytes_per_device
+  best = plan.max_per_device_batch
+  assert best and best < too_many, compiled
+  # Verified by compiles: the batch found fits, one more row per device does not.
+  assert compiled[best] is True and compiled[best + 1] is False, compiled
+  fixes = {f.field: f for f in plan.fixes}
+  accum = [f for name, f in fixes.items() if "grad_accum_steps" in name]
+  assert accum and accum[0].fits and 0 < accum[0].total_bytes <= t.hbm_bytes_per_device
+  assert "--config.mesh.param_sharding=fsdp" in fixes  # tried, whatever it gives
+  text = plan_report.format_plan(plan)
+  assert "does NOT fit" in text and f"largest per-device batch that fits: {best}" in text
+  assert f"{accum[0].field}: fits" in text

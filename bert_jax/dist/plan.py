@@ -243,7 +243,7 @@ class Planner:
     except Exception as e:  # XlaRuntimeError: RESOURCE_EXHAUSTED and the like
       plan.compile_seconds = time.perf_counter() - t
       plan.error = _one_line(e)
-      plan.total_bytes = _required_bytes(plan.error)
+      plan.total_bytes = _required_bytes(" ".join(str(e).split()))  # the number is past a '('
       self.log(f"  {plan.name}, B={B}: does not compile ({plan.compile_seconds:.0f} s): "
                f"{plan.error[:160]}")
       return plan
@@ -312,28 +312,55 @@ def _phase(p: Planner, index: int) -> Phase:
   return next(ph for ph in p.s.train.phases if ph.index == index)
 
 
+def largest_fitting(measure: Callable[[int], tuple[bool, int]], failing: int, failing_total: int,
+                    memory: int, step: int = 1, max_compiles: int = 12,
+                    fixed_bytes: int = 0) -> Optional[int]:
+  """The largest multiple of `step` below `failing` rows for which `measure(rows)` fits.
+
+  `measure` compiles and returns (fits, total bytes; 0 when unknown). Memory
+  grows about linearly with the batch, so each guess interpolates between the
+  largest batch known to fit and the smallest known not to (the first from
+  what the failing compile said it needs against `memory`, and `fixed_bytes`,
+  what a batch of none would need: the state); a guess that does
+  not halve the interval is followed by a plain bisection. None when
+  `max_compiles` ran out before the answer was certain.
+  """
+  lo, lo_total = 0, fixed_bytes  # in units of `step` rows
+  hi, hi_total = failing // step, failing_total
+  same_side, last = 0, None
+  for _ in range(max_compiles):
+    if hi - lo <= 1:
+      return lo * step
+    guess = (lo + hi) // 2
+    if hi_total > lo_total and same_side < 2:  # interpolate: rows where total == memory
+      guess = lo + int((memory - lo_total) * (hi - lo) / (hi_total - lo_total))
+    guess = min(max(guess, lo + 1), hi - 1)
+    fits, total = measure(guess * step)
+    side = "lo" if fits else "hi"
+    same_side = same_side + 1 if side == last else 1
+    last = side
+    if fits:
+      lo, lo_total = guess, total
+    else:
+      hi, hi_total = guess, total or hi_total
+  return lo * step if hi - lo <= 1 else None
+
+
 def search_fixes(p: Planner, plan: Plan, failing: list, max_compiles: int = 12) -> None:
   """Fills plan.max_per_device_batch and plan.fixes for the train steps that do not fit."""
   worst = max(failing, key=lambda st: (st.seq_len, st.total_bytes))
   ph = _phase(p, worst.phase)
   data = p.mesh.shape[sharding.DATA]
   accum = p.s.train.grad_accum_steps
-  budget = [max_compiles]
 
-  def fits_at(per_device: int) -> bool:
-    budget[0] -= 1
-    return p.compile_step("train", ph, per_device * data).fits
+  def measure(per_device: int) -> tuple[bool, int]:
+    st = p.compile_step("train", ph, per_device * data)
+    return st.fits, st.total_bytes
 
-  # The largest per-device batch (a multiple of the accumulation steps) that fits, by bisection.
   p.log(f"searching the largest per-device batch that fits {worst.name} ...")
-  lo, hi = 0, worst.per_device_batch // accum  # in units of `accum` rows per device
-  while hi - lo > 1 and budget[0] > 0:
-    mid = (lo + hi) // 2
-    if fits_at(mid * accum):
-      lo = mid
-    else:
-      hi = mid
-  plan.max_per_device_batch = lo * accum if hi - lo <= 1 else None
+  plan.max_per_device_batch = largest_fitting(
+      measure, worst.per_device_batch, worst.total_bytes, p.memory_bytes or 0, accum,
+      max_compiles, worst.params_bytes + worst.opt_state_bytes)
 
   # Which single change makes the requested batch fit (each verified by compiling every
   # train step that did not fit).

@@ -168,14 +168,18 @@ class Embeddings(nn.Module):
 
   def setup(self):
     c = self.config
+    # Looked up in float32, summed and normalised in float32 (LayerNorm returns the
+    # compute dtype): a table cast to bf16 before the lookup would get its gradient as a
+    # bf16 scatter-add (a frequent token's rows summed in bf16), reduced across devices
+    # in bf16 too.
     self.word_embeddings = nn.Embed(
-        c.padded_vocab_size, c.hidden_size, dtype=c.compute_dtype,
+        c.padded_vocab_size, c.hidden_size, dtype=jnp.float32,
         embedding_init=normal_init(c, ("vocab", "embed")))
     self.position_embeddings = nn.Embed(
-        c.max_position_embeddings, c.hidden_size, dtype=c.compute_dtype,
+        c.max_position_embeddings, c.hidden_size, dtype=jnp.float32,
         embedding_init=normal_init(c, ("length", "embed")))
     self.token_type_embeddings = nn.Embed(
-        c.type_vocab_size, c.hidden_size, dtype=c.compute_dtype,
+        c.type_vocab_size, c.hidden_size, dtype=jnp.float32,
         embedding_init=normal_init(c, (None, "embed")))
     self.LayerNorm = LayerNorm(c)
     self.dropout = Dropout(c.dropout_rate, c.dropout_rng)
