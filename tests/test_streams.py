@@ -148,3 +148,16 @@ def test_host_local_streams_train_as_one_process_on_a_shared_cache(tmp_path, mon
   assert sorted(losses["ref"]) == sorted(losses["two"]) == list(range(1, steps + 1))
   assert [losses["two"][s] for s in range(1, steps + 1)] == pytest.approx(
       [losses["ref"][s] for s in range(1, steps + 1)], abs=1e-5)
+
+
+def test_a_corpus_of_fewer_parts_than_streams_is_one_line(monkeypatch, tmp_path):
+  from bert_jax.train import data_setup  # pylint: disable=import-outside-toplevel
+  src = _examples(list(range(N)))
+  fake = type("Source", (list,), {})(src)
+  fake.parts = PARTS
+  prepared = dataset.Prepared(tokenizer=None, train={32: fake}, eval={}, directory="")
+  monkeypatch.setattr(data_setup.dataset, "prepare", lambda *a, **k: prepared)
+  assert data_setup.prepare_data(DataSettings(streams=7), [32], 0, str(tmp_path)) is prepared
+  with pytest.raises(ConfigError, match=r"--config.data.streams=8: corpus 'builtin' has 7 "
+                     r"part\(s\), fewer than the streams"):
+    data_setup.prepare_data(DataSettings(streams=8), [32], 0, str(tmp_path))

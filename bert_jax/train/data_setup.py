@@ -36,8 +36,20 @@ def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
   """The prepared examples of every seq_len (prepared now if not stored yet)."""
   cache_dir = data.cache_dir or os.path.join(workdir, "prepared")
   if jax.process_count() == 1:
-    return dataset.prepare(data, seq_lens, cache_dir, seed)
-  return _prepare_data_multiprocess(data, seq_lens, cache_dir, seed)
+    return _check_streams(data, dataset.prepare(data, seq_lens, cache_dir, seed))
+  return _check_streams(data, _prepare_data_multiprocess(data, seq_lens, cache_dir, seed))
+
+
+def _check_streams(data: DataSettings, prepared: dataset.Prepared) -> dataset.Prepared:
+  """Every example stream has parts in the merged data (host-local: checked before)."""
+  if data.streams == 1 or prepared.local is not None:
+    return prepared
+  parts = getattr(next(iter(prepared.train.values())), "parts", None)
+  if parts and len(parts) < data.streams:
+    raise ConfigError(f"--config.data.streams={data.streams}: corpus '{data.corpus}' has "
+                      f"{len(parts)} part(s), fewer than the streams; expected at least one "
+                      "part per stream (use fewer streams)")
+  return prepared
 
 
 def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_dir: str,
