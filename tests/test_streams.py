@@ -124,18 +124,22 @@ def _train_ids(directory: str) -> list[bytes]:
 
 @pytest.mark.slow
 def test_host_local_streams_train_as_one_process_on_a_shared_cache(tmp_path, monkeypatch):
-  # 4 parts, 4 streams: process i of 2 prepares the parts 2i, 2i+1 only, and the two
-  # train to the losses of one process (8 devices) reading the merged data.
+  # 4 parts, 4 streams: process i of 2 prepares the parts 2i, 2i+1 only, and the two,
+  # stopped at step 3 and resumed, train to the losses of one process (8 devices)
+  # reading the merged data.
   from tests import test_distributed as dist  # pylint: disable=import-outside-toplevel
   monkeypatch.setenv("BERT_JAX_PREPARE_PART_BYTES", "1000")  # 4 parts of data/corpus.txt
   jit, steps, streams = str(tmp_path / "jit"), 6, "--config.data.streams=4"
   ref_args, devices = dist._one_process(str(tmp_path / "ref"), steps, 8,  # pylint: disable=protected-access
                                         str(tmp_path / "ref_data"))
   one = dist._run({"ref": (ref_args + [streams], devices)}, str(tmp_path / "l1"), jit)  # pylint: disable=protected-access
-  two = {k: (args + [streams], d) for k, (args, d) in dist._two_processes(  # pylint: disable=protected-access
-      str(tmp_path / "two"), steps, (str(tmp_path / "data0"), str(tmp_path / "data1"))).items()}
-  out = dist._run(two, str(tmp_path / "l2"), jit)  # pylint: disable=protected-access
-  assert "4 parts" in one["ref"] and "2 parts" in out["process0"], out
+  for i, upto in enumerate((3, steps)):
+    two = {k: (args + [streams], d) for k, (args, d) in dist._two_processes(  # pylint: disable=protected-access
+        str(tmp_path / "two"), upto, (str(tmp_path / "data0"), str(tmp_path / "data1"))).items()}
+    out = dist._run(two, str(tmp_path / f"l{i + 2}"), jit)  # pylint: disable=protected-access
+    if i == 0:
+      assert "4 parts" in one["ref"] and "2 parts" in out["process0"], out
+  assert dist._resumed_at(out["process0"], 3), out["process0"]  # pylint: disable=protected-access
   (ref,), (own0,), (own1,) = (glob.glob(str(tmp_path / d / "*"))
                               for d in ("ref_data", "data0", "data1"))
   with open(os.path.join(ref, "seq32", "info.json"), encoding="utf-8") as f:
