@@ -60,6 +60,9 @@ def _data() -> ml_collections.ConfigDict:
   c.max_eval_examples = 2048  # cap on the examples of the eval split
   c.max_documents = 0  # 0 = all (useful to cap TFDS corpora)
   c.num_workers = 0  # processes preparing the data; 0 = this host's usable cores
+  # Example streams: batch = one sub-batch per stream (parts p % streams), each its own
+  # shuffle. Host-local caches: a multiple of the process count (docs/training.md).
+  c.streams = 1
   c.extend_vocab = 0  # with init_from: add up to N whole words of the corpus as new WordPieces
   c.cache_dir = ""  # '' = <workdir>/prepared; prepared data is reused from here
   return c

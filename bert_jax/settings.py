@@ -56,6 +56,7 @@ class DataSettings:
   max_documents: int = 0
   cache_dir: str = ""
   num_workers: int = 0  # 0 = the host's usable cores; not part of the data's key
+  streams: int = 1  # example streams (parts p with p % streams == s): how batches are drawn
   objective: str = "mlm+nsp"  # `config.objective`: which examples are made
 
   @property
@@ -81,6 +82,8 @@ class DataSettings:
       raise _fail("data.max_documents", self.max_documents, ">= 0 (0 = all)")
     if not _is_int(self.num_workers) or self.num_workers < 0:
       raise _fail("data.num_workers", self.num_workers, ">= 0 (0 = this host's cores)")
+    if not _is_int(self.streams) or self.streams < 1:
+      raise _fail("data.streams", self.streams, "an integer >= 1")
     if self.format not in corpus.FORMATS:
       raise _fail("data.format", self.format, f"one of {', '.join(corpus.FORMATS)}")
     if self.vocab_sample_bytes < 1:
@@ -346,6 +349,10 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   if not _is_int(t.batch_size) or t.batch_size <= 0:
     raise _fail("train.batch_size", t.batch_size, "> 0")
   _positive_int("train.grad_accum_steps", t.grad_accum_steps)
+  streams = c.data.get("streams", 1)
+  if _is_int(streams) and streams >= 1 and t.batch_size % streams:
+    raise _fail("data.streams", streams, f"a divisor of --config.train.batch_size="
+                f"{t.batch_size} (each batch is one sub-batch per stream)")
   _positive_int("train.max_consecutive_nonfinite", t.max_consecutive_nonfinite)
   fields = _fields(BertConfig, c.model, exclude=("vocab_size",))
   requested_dtype = fields["dtype"]

@@ -37,7 +37,7 @@ def test_shipped_configs_become_frozen_settings(get_config):
     ("model__num_layers", 0), ("model__dtype", "float64"), ("masking__mask_prob", 1.0),
     ("data__eval_fraction", 0.0), ("data__dupe_factor", 0), ("data__short_seq_prob", 1.5),
     ("data__format", "csv"), ("data__max_documents", -1), ("data__vocab_file", "/nope/vocab.txt"),
-    ("data__num_workers", -1),
+    ("data__num_workers", -1), ("data__streams", 0), ("data__streams", 7),
     ("mesh__model_parallel", 0), ("mesh__param_sharding", "zero3"),
     ("log_every", 0), ("eval_every", 0), ("checkpoint_every", 0), ("keep_checkpoints", 0),
     # Settings that used to train silently wrong or fail late (issue 12, section 5):

@@ -73,9 +73,22 @@ class Prepared:
 
 @dataclasses.dataclass(frozen=True)
 class Share:
-  """Which parts a process prepares: those with part index % count == index."""
+  """Which parts a process prepares: those with part index % count == index, or, with
+  `streams` (a multiple of count), the parts of its streams: part p is stream p % streams,
+  and process i has the streams [i*streams/count, (i+1)*streams/count)."""
   index: int = 0
   count: int = 1
+  streams: int = 0  # 0: no streams
+
+  def holds(self, part: int) -> bool:
+    if self.streams:
+      return (part % self.streams) // (self.streams // self.count) == self.index
+    return part % self.count == self.index
+
+
+def host_share(c: DataSettings, index: int, count: int) -> Share:
+  """Host-local parts: the process's streams' if data.streams % count == 0, else every count-th."""
+  return Share(index, count, c.streams if c.streams % count == 0 else 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +157,7 @@ def vocabulary(c: DataSettings, seq_lens: Sequence[int], cache_dir: str, seed: i
   key = _hash(_settings(c, seed))
   directory = os.path.join(cache_dir, key)
   complete = is_complete(directory)
-  first_host = os.path.join(cache_dir, _hash(_key_settings(c, seed, Share(0, hosts))))
+  first_host = os.path.join(cache_dir, _hash(_key_settings(c, seed, host_share(c, 0, hosts))))
   if not complete and hosts > 1 and is_complete(first_host, repair=False):
     directory, complete = first_host, True
   if complete:
@@ -216,7 +229,7 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
 
 
 def _share_of(jobs: list[part_writer.PartJob], share: Share) -> list[part_writer.PartJob]:
-  return [j for j in jobs if j.part.index % share.count == share.index]
+  return [j for j in jobs if share.holds(j.part.index)]
 
 
 def _missing(directory: str, seq_lens: list[int], complete: bool) -> list[int]:
@@ -313,7 +326,7 @@ def _add_seq_lens(c: DataSettings, directory: str, jobs: list[part_writer.PartJo
 def _settings(c: DataSettings, seed: int) -> dict:
   """Everything that determines the data (checked in DataSettings); hashed into the cache key.
 
-  Not `num_workers`: the examples are the same for any number of workers.
+  Not `num_workers` nor `streams`: the examples are the same for any of them.
   """
   if c.vocab_file:
     with open(c.vocab_file, "rb") as f:
@@ -360,6 +373,8 @@ def _key_settings(c: DataSettings, seed: int, local: Share | None) -> dict:
   settings = _settings(c, seed)
   if local is not None:  # another key: the data of one share
     settings["host_share"] = {"index": local.index, "count": local.count}
+    if local.streams and local.streams != local.count:  # else the parts of index % count
+      settings["host_share"]["streams"] = local.streams
   return settings
 
 
@@ -426,5 +441,8 @@ def open_split(directory: str, seq_len: int, split: str) -> ExampleSource:
     info = json.load(f)
   prefix = os.path.join(where, split)
   counts = info["shards"][split]
-  return ExampleSource([shard_path(prefix, i) for i in range(len(counts))], counts, seq_len,
-                       info["dtype"])
+  source = ExampleSource([shard_path(prefix, i) for i in range(len(counts))], counts, seq_len,
+                         info["dtype"])
+  if split == "train" and "train_parts" in info:  # absent in data prepared before streams
+    source.parts = list(zip(info["train_parts"]["index"], info["train_parts"]["records"]))
+  return source

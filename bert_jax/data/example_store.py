@@ -91,6 +91,9 @@ class ExampleSource:
     self.seq_len = seq_len
     self._ends = np.cumsum(np.asarray(counts, np.int64))
     self._n = int(self._ends[-1]) if len(self._ends) else 0
+    # (part index, records) of each part, in stored order (the training split's; see
+    # input_pipeline's streams); None when not recorded.
+    self.parts: list[tuple[int, int]] | None = None
     self._dtype = np.dtype(dtype)
     self._readers: dict[int, Any] = {}
     self._lock = threading.Lock()

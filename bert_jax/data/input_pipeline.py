@@ -45,40 +45,118 @@ def _read(source: Any, indices: Sequence[int]) -> Batch:
                               for k in FEATURES})
 
 
-class _Sampler:
-  """Which examples make up each batch, and reading them. Shared with the thread."""
+class Streams:
+  """Where each example stream's k-th example is in a source.
 
-  def __init__(self, source: Any, global_batch_size: int, local: int, offset: int, seed: int):
+  Stream s is the training records of the parts p with p % count == s, in part
+  order. `parts` lists the source's parts, (part index, records) in stored
+  order: a merged dataset holds all, a host-local one only its own, so a stream
+  this host does not hold has no examples here.
+  """
+
+  def __init__(self, parts: Sequence[tuple[int, int]], count: int):
+    self.count = count
+    starts = np.concatenate([[0], np.cumsum([int(n) for _, n in parts], dtype=np.int64)])
+    self._starts, self._ends = [], []  # per stream: its parts' first record, stream end
+    for s in range(count):
+      mine = [i for i, (p, _) in enumerate(parts) if int(p) % count == s]
+      self._starts.append(starts[mine])
+      self._ends.append(np.cumsum([int(parts[i][1]) for i in mine], dtype=np.int64))
+
+  def size(self, stream: int) -> int:
+    """Examples of `stream` in the source (0: none held here)."""
+    return int(self._ends[stream][-1]) if len(self._ends[stream]) else 0
+
+  def index(self, stream: int, k: np.ndarray) -> np.ndarray:
+    """Source indices of the stream's examples `k` (each < size(stream))."""
+    ends = self._ends[stream]
+    part = np.searchsorted(ends, k, side="right")
+    before = np.where(part > 0, ends[np.maximum(part - 1, 0)], 0)
+    return self._starts[stream][part] + (k - before)
+
+
+class _Sampler:
+  """Which examples make up each batch, and reading them. Shared with the thread.
+
+  Without `streams`, one stream of all examples; with, global batch b is one
+  sub-batch of G/S per stream, sub-batch s from stream s's own permutations.
+  """
+
+  def __init__(self, source: Any, global_batch_size: int, local: int, offset: int, seed: int,
+               streams: Streams | None = None):
     self.source = source
     self.n = len(source)
     self.global_batch_size = global_batch_size
     self.local = local
     self.offset = offset
     self.seed = seed
-    self._perms: dict[int, np.ndarray] = {}
+    self.streams = streams
+    self._perms: dict[tuple[int, int], np.ndarray] = {}
     self._lock = threading.Lock()
 
   def batch_indices(self, batch: int) -> np.ndarray:
+    if self.streams is not None:
+      return self._stream_indices(batch)
     flat = batch * self.global_batch_size + self.offset + np.arange(self.local, dtype=np.int64)
-    epochs, offsets = np.divmod(flat, self.n)
+    return self._draw(0, self.n, flat)
+
+  def _stream_indices(self, batch: int) -> np.ndarray:
+    sub = self.global_batch_size // self.streams.count
+    at = self.offset + np.arange(self.local, dtype=np.int64)  # places in the global batch
+    stream_of, k = np.divmod(at, sub)
     out = np.empty(self.local, np.int64)
-    for e in np.unique(epochs):
-      sel = epochs == e
-      out[sel] = self._permutation(int(e))[offsets[sel]]
+    for s in np.unique(stream_of):
+      sel = stream_of == s
+      n = self.streams.size(int(s))
+      out[sel] = self.streams.index(int(s), self._draw(int(s), n, batch * sub + k[sel]))
     return out
 
-  def _permutation(self, epoch: int) -> np.ndarray:
+  def _draw(self, stream: int, n: int, flat: np.ndarray) -> np.ndarray:
+    """Items `flat` of a stream of `n` examples: epochs of seeded permutations."""
+    epochs, offsets = np.divmod(flat, n)
+    out = np.empty(len(flat), np.int64)
+    for e in np.unique(epochs):
+      sel = epochs == e
+      out[sel] = self._permutation(stream, n, int(e))[offsets[sel]]
+    return out
+
+  def _permutation(self, stream: int, n: int, epoch: int) -> np.ndarray:
     with self._lock:
-      if epoch not in self._perms:
-        if len(self._perms) >= 2:  # only the current and next epoch are ever needed
-          self._perms.pop(min(self._perms))
-        rng = np.random.default_rng([self.seed % 2**63, epoch])
-        dtype = np.int32 if self.n < 2**31 else np.int64
-        self._perms[epoch] = rng.permutation(self.n).astype(dtype)
-      return self._perms[epoch]
+      if (stream, epoch) not in self._perms:
+        mine = [key for key in self._perms if key[0] == stream]
+        if len(mine) >= 2:  # only the current and next epoch are ever needed
+          self._perms.pop(min(mine))
+        # One stream (no `streams`) keeps the seeds it had before streams existed.
+        key = [self.seed % 2**63, epoch] if self.streams is None else (
+            [self.seed % 2**63, stream, epoch])
+        dtype = np.int32 if n < 2**31 else np.int64
+        self._perms[(stream, epoch)] = np.random.default_rng(key).permutation(n).astype(dtype)
+      return self._perms[(stream, epoch)]
 
   def make(self, batch: int) -> Batch:
     return _read(self.source, self.batch_indices(batch))
+
+
+def _streams(source: Any, global_batch_size: int, count: int, offset: int, local: int,
+             parts: Sequence[tuple[int, int]] | None) -> Streams:
+  """The streams of `source`; those this host reads (batch places [offset, offset+local))
+  must have examples."""
+  if global_batch_size % count:
+    raise ConfigError(f"--config.data.streams={count}: expected a divisor of "
+                      f"--config.train.batch_size={global_batch_size}")
+  parts = parts if parts is not None else getattr(source, "parts", None)
+  if parts is None:
+    raise ConfigError(f"--config.data.streams={count}: the prepared data records no parts "
+                      "(prepared before streams existed); delete it and prepare it again, "
+                      "or use --config.data.streams=1")
+  layout = Streams(parts, count)
+  sub = global_batch_size // count
+  for s in range(offset // sub, (offset + local - 1) // sub + 1):
+    if layout.size(s) == 0:
+      raise CorpusError(f"--config.data.streams={count}: stream {s} (parts p with p % {count} "
+                        f"== {s}) has no training examples here; the data has {len(parts)} "
+                        f"part(s); use fewer streams or smaller parts")
+  return layout
 
 
 def _produce(sampler: _Sampler, out: queue.Queue, stop: threading.Event, batch: int) -> None:
@@ -115,11 +193,19 @@ class TrainIterator:
   its examples drawn from (seed, host, e), and global batch b is every host's
   batch b of G/P examples. The same process count resumes exactly; another
   needs other parts on each host (prepared again), and gives another order.
+
+  With `streams` S > 1 (not `per_host`), global batch b is S sub-batches of
+  G/S, sub-batch s items [b*G/S, (b+1)*G/S) of stream s (`Streams`; its own
+  epochs, drawn from (seed, s, e)); host p yields its slice of that as above.
+  `parts` ((part index, records) in stored order; default `source.parts`)
+  locates the streams, so a host-local source of only this host's streams'
+  parts gives the same batches as the whole data when S % P == 0.
   """
 
   def __init__(self, source: Any, global_batch_size: int, seed: int, process_index: int = 0,
                process_count: int = 1, start_batch: int = 0, prefetch: int = 2,
-               per_host: bool = False):
+               per_host: bool = False, streams: int = 1,
+               parts: Sequence[tuple[int, int]] | None = None):
     local = _check_hosts(global_batch_size, process_index, process_count)
     if start_batch < 0:
       raise ConfigError(f"start_batch must be >= 0, got {start_batch}")
@@ -129,8 +215,10 @@ class TrainIterator:
       stream_seed = int(seed) if process_count == 1 else int(seed) * 100_003 + process_index
       self._sampler = _Sampler(source, local, local, 0, stream_seed)
     else:
+      layout = None if streams == 1 else _streams(source, global_batch_size, streams,
+                                                  process_index * local, local, parts)
       self._sampler = _Sampler(source, global_batch_size, local, process_index * local,
-                               int(seed))
+                               int(seed), layout)
     self._position = int(start_batch)
     self._prefetch = int(prefetch)
     self._queue: queue.Queue | None = None

@@ -74,6 +74,10 @@ def merge(c: DataSettings, parts: list[part_writer.PartJob], out_dirs: dict[int,
       info["files"].update({os.path.basename(shard_path(os.path.join(out, split), i)):
                             os.path.getsize(shard_path(os.path.join(out, split), i))
                             for i in range(len(counts))})
+    # Where each part's training records are: example streams (input_pipeline) sample by part.
+    info["train_parts"] = {"index": [j.part.index for j in parts],
+                           "records": [sum(p["seq_lens"][str(l)]["train"]["shards"])
+                                       for p in found]}
     write_json(os.path.join(out, INFO_FILE), info)
     examples[str(l)] = {s: info[s] for s in SPLITS}
     stats[f"example_tokens_seq{l}"] = sum(p["seq_lens"][str(l)][s]["example_tokens"]

@@ -6,9 +6,11 @@ same cache (a probe file process 0 writes in it), they prepare the
 parts of the corpus together, process i the parts with index % P == i, each
 with its host's workers, and process 0 merges them and makes the data visible
 once all are done. Otherwise (a cache per host) process i prepares and reads
-only the parts i, i+P, ... (`dataset.Share`; input_pipeline's `per_host`), or,
-for a corpus of fewer parts than processes, the whole corpus, all hosts at the
-same time. Any process's failure stops every process with one line (`_agree`).
+only the parts of its example streams when data.streams S is a multiple of P
+(part p is stream p % S; process i has streams [i*S/P, (i+1)*S/P): batches
+as on a shared cache), else the parts i, i+P, ... (`dataset.host_share`;
+input_pipeline's `per_host`), or, for a corpus of fewer parts than
+processes, the whole corpus, all hosts at the same time. Any process's failure stops every process with one line (`_agree`).
 """
 
 import dataclasses
@@ -22,6 +24,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from bert_jax import console
 from bert_jax.data import dataset, part_merge
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.settings import DataSettings
@@ -33,8 +36,20 @@ def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
   """The prepared examples of every seq_len (prepared now if not stored yet)."""
   cache_dir = data.cache_dir or os.path.join(workdir, "prepared")
   if jax.process_count() == 1:
-    return dataset.prepare(data, seq_lens, cache_dir, seed)
-  return _prepare_data_multiprocess(data, seq_lens, cache_dir, seed)
+    return _check_streams(data, dataset.prepare(data, seq_lens, cache_dir, seed))
+  return _check_streams(data, _prepare_data_multiprocess(data, seq_lens, cache_dir, seed))
+
+
+def _check_streams(data: DataSettings, prepared: dataset.Prepared) -> dataset.Prepared:
+  """Every example stream has parts in the merged data (host-local: checked before)."""
+  if data.streams == 1 or prepared.local is not None:
+    return prepared
+  parts = getattr(next(iter(prepared.train.values())), "parts", None)
+  if parts and len(parts) < data.streams:
+    raise ConfigError(f"--config.data.streams={data.streams}: corpus '{data.corpus}' has "
+                      f"{len(parts)} part(s), fewer than the streams; expected at least one "
+                      "part per stream (use fewer streams)")
+  return prepared
 
 
 def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_dir: str,
@@ -68,7 +83,18 @@ def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_di
     directory = _agree(lambda: dataset.finish(data, seq_lens, where, seed) if me == 0 else "")
     directory = _broadcast_from_process_0(directory)
     return dataset.load(directory, sorted(set(seq_lens)))
+  if data.streams % count == 0 and data.streams > 1:
+    if msg["parts"] < data.streams:
+      raise ConfigError(f"--config.data.streams={data.streams}: corpus '{data.corpus}' has "
+                        f"{msg['parts']} part(s), fewer than the streams; expected at least "
+                        "one part per stream (use fewer streams)")
+    return _prepare_host_local(data, seq_lens, cache_dir, seed, msg, tokenizer)
   if msg["parts"] >= count:  # every host prepares and reads only its own parts
+    if me == 0:
+      console.warn(f"warning: --config.data.streams={data.streams} is not a multiple of the "
+                   f"{count} processes: host-local caches sample per host, so batches differ "
+                   "from a shared cache's and from other process counts; set "
+                   "--config.data.streams to a multiple of the process count")
     return _prepare_host_local(data, seq_lens, cache_dir, seed, msg, tokenizer)
   if me == 0 or data.vocab_file:
     prepared = _agree(lambda: dataset.prepare(data, seq_lens, cache_dir, seed))
@@ -87,7 +113,8 @@ def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_di
 
 def _prepare_host_local(data: DataSettings, seq_lens: list[int], cache_dir: str, seed: int,
                         msg: dict, tokenizer: Tokenizer) -> dataset.Prepared:
-  """Host-local caches: process i prepares and reads the parts i, i+P, ... only."""
+  """Host-local caches: process i prepares and reads its streams' parts, or, without
+  streams (data.streams not a multiple of P), the parts i, i+P, ... only."""
   me, count = jax.process_index(), jax.process_count()
 
   def mine() -> dataset.Prepared:
@@ -97,8 +124,8 @@ def _prepare_host_local(data: DataSettings, seq_lens: list[int], cache_dir: str,
       raise ConfigError(f"config.data.corpus: '{data.corpus}' on process {me} has "
                         f"{dataset.parts_count(data)} parts, on process 0 {msg['parts']}; "
                         "expected the same corpus on every host")
-    return dataset.prepare(data, seq_lens, cache_dir, seed, dataset.Share(me, count),
-                           tokenizer)
+    return dataset.prepare(data, seq_lens, cache_dir, seed,
+                           dataset.host_share(data, me, count), tokenizer)
 
   prepared = _agree(mine)
   if prepared.tokenizer.vocab != msg["vocab"]:

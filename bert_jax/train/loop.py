@@ -146,7 +146,8 @@ class TrainLoop:
         seed=self.s.run.seed + phase.index, process_index=jax.process_index(),
         process_count=jax.process_count(),
         start_batch=st.position if st.step > phase.start else 0,
-        per_host=self.prepared.local is not None)
+        per_host=self.prepared.local is not None and not self.prepared.local.streams,
+        streams=self.s.data.streams)
     step_fn = self.steps.train_step_fn(phase.max_predictions)
     console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
                 f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")

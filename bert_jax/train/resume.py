@@ -71,7 +71,8 @@ def check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str,
 
 # Fields that change the optimizer state's tree or the data and loss: a run resumes only
 # with the values it started with. (Defaults: checkpoints older than the field.)
-_SAME_RECIPE = ((("train", "optimizer"), "adamw"), (("objective",), "mlm+nsp"))
+_SAME_RECIPE = ((("train", "optimizer"), "adamw"), (("objective",), "mlm+nsp"),
+                (("data", "streams"), 1))  # streams change the batches' order
 
 
 def check_same_recipe(saved: dict, ours: dict, ckpt_dir: str) -> None:
