@@ -142,17 +142,22 @@ _HELP_ARGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
 def config_meanings() -> dict[str, str]:
   """`data.corpus` -> its one-line meaning: the comment on (or above) its line in default_config.py."""
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_config.py")
-  meanings, above = {}, []
+  meanings, above, section = {}, [], ""
   with open(path, encoding="utf-8") as f:
     for line in f:
       text = line.strip()
       if text.startswith("#"):
         above = [] if text.startswith("# ---") else above + [text.lstrip("# ")]
         continue
+      # Each section is its own function: `def _data()` holds the fields of `data.`.
+      if (fn := re.match(r"def (_?)(\w+)\(", text)) is not None:
+        section = fn.group(2) + "." if fn.group(1) else ""
       field = re.match(r"c\.([\w.]+)\s*=(.*)$", text)
-      if field and not field.group(2).strip().startswith("ml_collections.ConfigDict"):
+      value = field.group(2).strip() if field else ""
+      if field and not value.startswith("ml_collections.ConfigDict") and not re.match(
+          r"_\w+\(\)", value):
         trailing = re.search(r"\s#\s*(.*)$", field.group(2))
-        meanings[field.group(1)] = trailing.group(1) if trailing else " ".join(above)
+        meanings[section + field.group(1)] = trailing.group(1) if trailing else " ".join(above)
       above = []
   return meanings
 
