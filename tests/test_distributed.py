@@ -23,6 +23,8 @@ import time
 import numpy as np
 import pytest
 
+from tools import multiprocess
+
 pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,7 +104,7 @@ def _launch(launches: dict[str, tuple[list[str], int]], logs: str, cache: str,
 
 
 def _report(results: dict[str, tuple[int, str, str]]) -> str:
-  tails = {name: "\n".join([l for l in err.splitlines() if not l.startswith("[Gloo]")][-15:])
+  tails = {name: "\n".join(multiprocess.own_lines(err)[-15:])
            for name, (_, _, err) in results.items()}
   return "\n".join(f"--- {name} (exit {results[name][0]}) stderr tail:\n{tail}"
                    for name, tail in tails.items())

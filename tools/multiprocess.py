@@ -12,6 +12,7 @@ once more, from a clean workdir, when gloo's start-up timed out (below).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,6 +21,15 @@ import time
 from typing import Optional
 
 GLOO_STARTUP = "Gloo context initialization failed"
+# Gloo's connection message, "[Gloo] Rank 1 is connected to 1 peer ranks. Expected ...".
+# Its threads print it unsynchronised, so a line can hold only a fragment of it
+# ("1 is connected to 1 peer ranks. ..." after "[Gloo] Rank " ended up elsewhere).
+_GLOO_LINE = re.compile(r"^(\[Gloo\]|(\[Gloo\] )?(Rank )?\d* ?is connected to \d+ peer ranks)")
+
+
+def own_lines(text: str) -> list[str]:
+  """The lines of a process's output that are not Gloo's own messages."""
+  return [l for l in text.splitlines() if not _GLOO_LINE.match(l)]
 
 
 class LaunchFailed(Exception):
@@ -66,7 +76,7 @@ def launch(runs: dict[str, tuple[list[str], int]], logs: str, cache: Optional[st
     out.close()
     err.close()
     if p.returncode != 0:
-      tail = [l for l in err_text.splitlines() if not l.startswith("[Gloo]")][-15:]
+      tail = own_lines(err_text)[-15:]
       failed.append(f"--- {name} (exit {p.returncode}):\n" + "\n".join(tail))
   if failed:
     raise LaunchFailed("\n".join(failed))
