@@ -356,6 +356,41 @@ def test_search_finds_the_batch_and_the_fixes_that_fit(monkeypatch):
   del real
 
 
+def test_a_search_out_of_compiles_keeps_the_batch_it_saw_fit(monkeypatch):
+  """Out of compiles, the search still reports a batch a compile fitted, as a lower bound,
+  and gradient accumulation is tried with it (a TPU compile's out-of-HBM figure can
+  overstate the need, so interpolation converges slowly)."""
+  s = tiny_settings(**{"train.batch_size": 64})
+  p = plan_lib.Planner(s, jax.devices(), 512)
+
+  def fake(kind, ph, batch_size=None):  # 100 MiB + 1 MiB per row per device
+    st = plan_lib.StepPlan(kind, ph.index, ph.seq_len, ph.max_predictions,
+                           batch_size or s.train.batch_size, (batch_size or 64) // 8, 0, 0, 0,
+                           compiled=True, memory_bytes=p.memory_bytes)
+    st.total_bytes = (100 + (batch_size or 64) // 8) << 20
+    return st
+
+  monkeypatch.setattr(plan_lib.Planner, "compile_step", lambda self, *a, **k: fake(*a, **k))
+  p.memory_bytes = (100 + 5) << 20  # 5 rows per device fit, 6 do not
+  plan = plan_lib.Plan("t", "cpu", 8, "cpu", p.memory_bytes, "RAM", {"data": 8}, {}, [])
+  failing = [fake("train", s.train.phases[0])]
+  failing[0].total_bytes = 200 << 20  # what the failing compile said it needs: too much
+  plan_lib.search_fixes(p, plan, failing, max_compiles=1)
+  assert (plan.max_per_device_batch, plan.max_batch_exact) == (4, False)
+  fixes = {f.field: f for f in plan.fixes}
+  assert fixes["--config.train.grad_accum_steps=2"].note == "micro-batches of 4 per device"
+  plan.steps = failing
+  plan.model = dict(layers=1, hidden_size=32, vocab_size=512, padded_vocab_size=512, params=1,
+                    dtype="float32", remat=False, dropout_rng="hash", batch_size=64,
+                    grad_accum_steps=1, param_sharding="replicated")
+  assert ("largest per-device batch seen to fit (the search ran out of compiles; a larger one "
+          "may fit): 4 (--config.train.batch_size=32)") in plan_report.format_plan(plan)
+
+  plan = plan_lib.Plan("t", "cpu", 8, "cpu", p.memory_bytes, "RAM", {"data": 8}, {}, [])
+  plan_lib.search_fixes(p, plan, failing)
+  assert (plan.max_per_device_batch, plan.max_batch_exact) == (5, True)
+
+
 # ----------------------------------------------------------------------------
 # Compiled for TPU slices of 8 devices (libtpu, no TPU)
 

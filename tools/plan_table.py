@@ -94,6 +94,7 @@ def compile_row(model: str, topo_name: str, phase: int, search: bool, max_compil
                          "HBM", {k: int(v) for k, v in p.mesh.shape.items()}, {}, [st])
     plan_lib.search_fixes(p, plan, [st], max_compiles)
     out["max_per_device_batch"] = plan.max_per_device_batch
+    out["max_batch_exact"] = plan.max_batch_exact
     out["fixes"] = [f.to_dict() for f in plan.fixes]
   return out
 
@@ -154,8 +155,9 @@ def _fix_text(r: dict) -> str:
   if "max_per_device_batch" not in r:
     return "search not run"
   m = r["max_per_device_batch"]
-  parts = [f"largest batch / device: {m}" if m else
-           "no batch / device fits" if m == 0 else "largest batch / device: not found"]
+  exact = r.get("max_batch_exact", True)
+  parts = [f"largest batch / device: {m}{'' if exact else ' or more (search stopped)'}" if m
+           else "no batch / device fits" if m == 0 else "largest batch / device: not found"]
   for f in r.get("fixes", []):
     size = f" ({f['total_bytes'] / GIB:.1f} GiB)" if f["total_bytes"] else ""
     parts.append(f"`{f['field'].removeprefix('--config.')}` "

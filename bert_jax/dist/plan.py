@@ -118,6 +118,7 @@ class Plan:
   steps: list  # [StepPlan]
   peak_flops: Optional[float] = None
   max_per_device_batch: Optional[int] = None  # when a train step does not fit
+  max_batch_exact: bool = True  # False: the search ran out of compiles; a larger batch may fit
   fixes: list = dataclasses.field(default_factory=list)  # [Fix]
   versions: dict = dataclasses.field(default_factory=dict)
 
@@ -314,23 +315,25 @@ def _phase(p: Planner, index: int) -> Phase:
 
 def largest_fitting(measure: Callable[[int], tuple[bool, int]], failing: int, failing_total: int,
                     memory: int, step: int = 1, max_compiles: int = 12,
-                    fixed_bytes: int = 0) -> Optional[int]:
-  """The largest multiple of `step` below `failing` rows for which `measure(rows)` fits.
+                    fixed_bytes: int = 0) -> tuple[int, bool]:
+  """(rows, exact): the largest multiple of `step` below `failing` rows seen to fit.
 
   `measure` compiles and returns (fits, total bytes; 0 when unknown). Memory
   grows about linearly with the batch, so each guess interpolates between the
   largest batch known to fit and the smallest known not to (the first from
   what the failing compile said it needs against `memory`, and `fixed_bytes`,
   what a batch of none would need: the state); a guess that does
-  not halve the interval is followed by a plain bisection. None when
-  `max_compiles` ran out before the answer was certain.
+  not halve the interval is followed by a plain bisection. `rows` is 0 when no
+  batch was seen to fit; `exact` says whether `rows + step` was seen not to, and is
+  False when `max_compiles` ran out first (`rows` is then a lower bound, still
+  verified by a compile, that gradient accumulation can use).
   """
   lo, lo_total = 0, fixed_bytes  # in units of `step` rows
   hi, hi_total = failing // step, failing_total
   same_side, last = 0, None
   for _ in range(max_compiles):
     if hi - lo <= 1:
-      return lo * step
+      return lo * step, True
     guess = (lo + hi) // 2
     if hi_total > lo_total and same_side < 2:  # interpolate: rows where total == memory
       guess = lo + int((memory - lo_total) * (hi - lo) / (hi_total - lo_total))
@@ -343,7 +346,7 @@ def largest_fitting(measure: Callable[[int], tuple[bool, int]], failing: int, fa
       lo, lo_total = guess, total
     else:
       hi, hi_total = guess, total or hi_total
-  return lo * step if hi - lo <= 1 else None
+  return lo * step, hi - lo <= 1
 
 
 def search_fixes(p: Planner, plan: Plan, failing: list, max_compiles: int = 12) -> None:
@@ -358,9 +361,10 @@ def search_fixes(p: Planner, plan: Plan, failing: list, max_compiles: int = 12) 
     return st.fits, st.total_bytes
 
   p.log(f"searching the largest per-device batch that fits {worst.name} ...")
-  plan.max_per_device_batch = largest_fitting(
+  best, plan.max_batch_exact = largest_fitting(
       measure, worst.per_device_batch, worst.total_bytes, p.memory_bytes or 0, accum,
       max_compiles, worst.params_bytes + worst.opt_state_bytes)
+  plan.max_per_device_batch = best if best or plan.max_batch_exact else None
 
   # Which single change makes the requested batch fit (each verified by compiling every
   # train step that did not fit).

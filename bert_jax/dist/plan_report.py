@@ -84,10 +84,12 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"does NOT fit: {', '.join(bad)}")
     if plan.max_per_device_batch is not None:
       data = plan.mesh.get(sharding.DATA, 1)
-      lines.append(f"  largest per-device batch that fits: {plan.max_per_device_batch} "
-                   f"(--config.train.batch_size={plan.max_per_device_batch * data})"
-                   if plan.max_per_device_batch else
-                   "  not even a per-device batch of 1 fits")
+      best = plan.max_per_device_batch
+      lines.append(("  largest per-device batch that fits: " if plan.max_batch_exact else
+                    "  largest per-device batch seen to fit (the search ran out of compiles; "
+                    "a larger one may fit): ")
+                   + f"{best} (--config.train.batch_size={best * data})"
+                   if best else "  not even a per-device batch of 1 fits")
     for f in plan.fixes:
       lines.append(f"  {f.field}: {'fits' if f.fits else 'does not fit'}"
                    + (f" ({_gib(f.total_bytes)} GiB per device)" if f.total_bytes else "")
