@@ -1,4 +1,12 @@
-"""BERT-Large: L=24 H=1024 A=16 (340M params)."""
+"""BERT-Large: L=24 H=1024 A=16 (340M params).
+
+Phase 2 (length 512) at the reference batch 256, compiled for TPU slices with
+`python -m bert_jax.plan --config configs/large.py --topology <slice>`:
+- it fits v5p-8 and v6e-8 as is;
+- on v4-8, add `--config.mesh.param_sharding=fsdp`;
+- on v5e-8, add `--config.train.grad_accum_steps=2`.
+Numbers: docs/multi-host-and-tpu.md, "The reference recipe on four slices".
+"""
 
 from bert_jax import default_config
 
