@@ -154,3 +154,15 @@ def test_bf16_peers_run_where_bf16_dots_are_native_and_masked_heads_only_on_trai
   assert not any(i.endswith("_masked") and c.startswith("features") for c, i, _ in native)
   emulated = {(j.case, j.impl, j.dtype) for j in bench.plan(cases_, bench.IMPLS, bf16=False)}
   assert not any(d == "bfloat16" and i != "ours" for _, i, d in emulated)
+
+
+def test_a_config_dtype_of_auto_runs_as_the_trainer_resolves_it():
+  """BERT-Base's config says 'auto': the bench runs it as bfloat16 where bf16 dots are
+  native and as float32 elsewhere, never as a dtype named 'auto' (its worker failed)."""
+  from tools import cases
+  base = [cases.find("train_base_128")]
+  assert cases.model_sizes()["base"].default_dtype == "auto"
+  for bf16, want in ((True, "bfloat16"), (False, "float32")):
+    ours = {j.dtype for j in bench.plan(base, ["ours"], bf16=bf16)}
+    assert "auto" not in ours and want in ours
+    assert bench.config_dtype(cases.model_sizes()["base"], bf16) == want

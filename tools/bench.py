@@ -175,6 +175,14 @@ def native_bf16() -> bool:
       {"amx_bf16", "avx512_bf16"} & precision.cpu_flags())
 
 
+def config_dtype(size: ModelSize, bf16: bool) -> str:
+  """The dtype our config for `size` computes in on this machine: 'auto' resolved as the
+  trainer resolves it (bfloat16 where bf16 dots are native, else float32)."""
+  if size.default_dtype != "auto":
+    return size.default_dtype
+  return "bfloat16" if bf16 else "float32"
+
+
 def plan(cases: Sequence[Case], impls: Sequence[str], all_dtypes: bool = False,
          bf16: Optional[bool] = None) -> list[Job]:
   """Every (case, impl, dtype) to run.
@@ -194,7 +202,7 @@ def plan(cases: Sequence[Case], impls: Sequence[str], all_dtypes: bool = False,
     if case.kind == "prepare":
       jobs.append(Job(case.name, "ours", ""))
       continue
-    default = sizes[case.model].default_dtype
+    default = config_dtype(sizes[case.model], bf16)
     for impl in impls:
       if impl.endswith("_masked") and case.kind != "train":
         continue  # no MLM head in feature extraction
@@ -219,7 +227,7 @@ def derive(job: Job, raw: dict, quick: bool) -> dict:
   size = _size(case, quick)
   row.update(batch=case.batch, seq_len=case.seq_len, predictions=case.predictions,
              model=dataclasses.asdict(size), model_name=case.model,
-             default_dtype=job.dtype == size.default_dtype)
+             default_dtype=job.dtype == config_dtype(size, native_bf16()))
   t = raw["median_s"]
   flops = model_flops(size, case.kind, case.batch, case.seq_len, case.predictions)
   row.update(sequences_per_s=case.batch / t, tokens_per_s=case.batch * case.seq_len / t,
