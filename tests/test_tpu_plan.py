@@ -328,14 +328,15 @@ def test_local_plan_on_cpu_devices_replicated_and_fsdp(tmp_path):
   json.dumps(rep.to_dict())  # serialisable as --json writes it
 
 
-def test_search_finds_the_batch_and_the_fixes_that_fit(monkeypatch):
-  """With a memory limit between the sizes, the search reports the largest batch that fits."""
+@pytest.fixture
+def fake_planner(monkeypatch):
+  """A planner whose compiles are faked: memory grows with the batch, 100 MiB + 1 MiB per
+  row per device, against a limit of 105 MiB (5 rows per device fit, 6 do not). Returns
+  (planner, an empty plan, the failing step at 8 rows per device)."""
   s = tiny_settings(**{"train.batch_size": 64})
-  devices = jax.devices()
-  p = plan_lib.Planner(s, devices, 512)
-  real = p.compile_step
+  p = plan_lib.Planner(s, jax.devices(), 512)
 
-  def fake(kind, ph, batch_size=None):  # memory grows with the batch: 100 MiB + 1 MiB per row
+  def fake(kind, ph, batch_size=None):
     st = plan_lib.StepPlan(kind, ph.index, ph.seq_len, ph.max_predictions,
                            batch_size or s.train.batch_size, (batch_size or 64) // 8, 0, 0, 0,
                            compiled=True, memory_bytes=p.memory_bytes)
@@ -343,37 +344,28 @@ def test_search_finds_the_batch_and_the_fixes_that_fit(monkeypatch):
     return st
 
   monkeypatch.setattr(plan_lib.Planner, "compile_step", lambda self, *a, **k: fake(*a, **k))
-  p.memory_bytes = (100 + 5) << 20  # 5 rows per device fit, 8 do not
+  p.memory_bytes = (100 + 5) << 20
   plan = plan_lib.Plan("t", "cpu", 8, "cpu", p.memory_bytes, "RAM", {"data": 8}, {}, [])
-  failing = [fake("train", s.train.phases[0])]
-  failing[0].memory_bytes = p.memory_bytes
-  assert not failing[0].fits
-  plan_lib.search_fixes(p, plan, failing)
+  return p, plan, fake("train", s.train.phases[0])
+
+
+def test_search_finds_the_batch_and_the_fixes_that_fit(fake_planner):
+  """With a memory limit between the sizes, the search reports the largest batch that fits."""
+  p, plan, failing = fake_planner
+  assert not failing.fits
+  plan_lib.search_fixes(p, plan, [failing])
   assert plan.max_per_device_batch == 5
   fixes = {f.field: f for f in plan.fixes}
   assert fixes["--config.train.grad_accum_steps=2"].note == "micro-batches of 4 per device"
   assert set(fixes) >= {"--config.mesh.param_sharding=fsdp", "--config.model.remat=True"}
-  del real
 
 
-def test_a_search_out_of_compiles_keeps_the_batch_it_saw_fit(monkeypatch):
+def test_a_search_out_of_compiles_keeps_the_batch_it_saw_fit(fake_planner):
   """Out of compiles, the search still reports a batch a compile fitted, as a lower bound,
   and gradient accumulation is tried with it (a TPU compile's out-of-HBM figure can
   overstate the need, so interpolation converges slowly)."""
-  s = tiny_settings(**{"train.batch_size": 64})
-  p = plan_lib.Planner(s, jax.devices(), 512)
-
-  def fake(kind, ph, batch_size=None):  # 100 MiB + 1 MiB per row per device
-    st = plan_lib.StepPlan(kind, ph.index, ph.seq_len, ph.max_predictions,
-                           batch_size or s.train.batch_size, (batch_size or 64) // 8, 0, 0, 0,
-                           compiled=True, memory_bytes=p.memory_bytes)
-    st.total_bytes = (100 + (batch_size or 64) // 8) << 20
-    return st
-
-  monkeypatch.setattr(plan_lib.Planner, "compile_step", lambda self, *a, **k: fake(*a, **k))
-  p.memory_bytes = (100 + 5) << 20  # 5 rows per device fit, 6 do not
-  plan = plan_lib.Plan("t", "cpu", 8, "cpu", p.memory_bytes, "RAM", {"data": 8}, {}, [])
-  failing = [fake("train", s.train.phases[0])]
+  p, plan, step = fake_planner
+  failing = [step]
   failing[0].total_bytes = 200 << 20  # what the failing compile said it needs: too much
   plan_lib.search_fixes(p, plan, failing, max_compiles=1)
   assert (plan.max_per_device_batch, plan.max_batch_exact) == (4, False)
