@@ -9,8 +9,11 @@ exit codes and errors: `bert_jax/train_cli.py` (the same as `bert-jax-train`).
 
 import os
 
-from bert_jax import train_cli
+from bert_jax.dist import host_malloc
 
 if __name__ == "__main__":
+  host_malloc.reexec_with_huge_pages()  # first: it may run this command again
+  from bert_jax import train_cli
+
   here = os.path.dirname(os.path.abspath(__file__))
   train_cli.run(os.path.join(here, "configs", "tiny.py"), "runs/tiny")

@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from bert_jax import cli as common
+from bert_jax.dist import host_malloc
 from bert_jax.errors import ConfigError
 
 
@@ -171,6 +172,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def cli() -> None:
   """The console entry point (`bert-jax-finetune`)."""
+  host_malloc.reexec_with_huge_pages()
   sys.exit(main())
 
 

@@ -25,6 +25,7 @@ from typing import Optional
 from bert_jax.errors import ConfigError
 from bert_jax.features.extract import DTYPES, Extractor
 from bert_jax import cli as common
+from bert_jax.dist import host_malloc
 
 PROBE_POOLINGS = ("cls", "mean", "pooler")
 
@@ -105,6 +106,7 @@ def _main(argv: list[str]) -> None:
 
 def cli() -> None:
   """The console entry point (`bert-jax-probe`, once registered in pyproject)."""
+  host_malloc.reexec_with_huge_pages()
   sys.exit(main())
 
 

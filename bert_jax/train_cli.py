@@ -18,7 +18,7 @@ from typing import NoReturn
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax.dist import startup
+from bert_jax.dist import host_malloc, startup
 from bert_jax.errors import BertJaxError, Preempted
 from bert_jax.trainer import train_and_evaluate
 
@@ -200,4 +200,5 @@ def run(default_config: str, default_workdir: str) -> None:
 
 def main() -> None:
   """`bert-jax-train`: the package's default config unless --config is given."""
+  host_malloc.reexec_with_huge_pages()
   run(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_config.py"), "runs/bert")

@@ -88,6 +88,7 @@ RULES = [
      "the model knows no optimizer, mesh, checkpoint or loop"),
     ("bert_jax.dist.startup_roster", JAX, "start-up guards run before JAX is initialised"),
     ("bert_jax.dist.workdir_lock", JAX, "start-up guards run before JAX is initialised"),
+    ("bert_jax.dist.host_malloc", JAX, "it may exec the command again, before JAX starts"),
     ("bert_jax.features", ("optax", "bert_jax.train", "bert_jax.trainer"),
      "feature extraction never loads the optimizer or the trainer"),
     ("bert_jax.train.optim", ("bert_jax.model",), "the optimizer knows no model"),

@@ -166,3 +166,22 @@ def test_a_config_dtype_of_auto_runs_as_the_trainer_resolves_it():
     ours = {j.dtype for j in bench.plan(base, ["ours"], bf16=bf16)}
     assert "auto" not in ours and want in ours
     assert bench.config_dtype(cases.model_sizes()["base"], bf16) == want
+
+
+def test_every_worker_gets_the_same_host_allocator_and_system_keeps_glibcs(monkeypatch):
+  from bert_jax.dist import host_malloc
+  monkeypatch.setattr(host_malloc, "glibc_version", lambda: (2, 36))
+  monkeypatch.setattr(host_malloc, "thp_available", lambda: True)
+  monkeypatch.setattr(bench.bert_jax, "has_accelerator", lambda: False)
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+  assert bench._worker_env("huge-pages")["GLIBC_TUNABLES"] == (
+      "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
+  assert bench._worker_env("system")["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+
+
+def test_an_ab_variant_splits_into_config_overrides_xla_flags_and_environment():
+  from tools import ab_step
+  v = "model.remat=True,xla_cpu_scheduler_type=X,BERT_JAX_MALLOC=system,model.dropout_rng=hash"
+  assert ab_step.parse_variant(v) == {"model.remat": True, "model.dropout_rng": "hash"}
+  assert ab_step.xla_flags(v) == ["--xla_cpu_scheduler_type=X"]
+  assert ab_step.env_items(v) == {"BERT_JAX_MALLOC": "system"}

@@ -2,9 +2,15 @@
 
   python tools/ab_step.py --case train_small_128 model.dropout_rng=threefry model.dropout_rng=hash
   python tools/ab_step.py --case train_base_128 --rounds 3 "" model.gelu_approximate=True
+  python tools/ab_step.py "" xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED
+  python tools/ab_step.py BERT_JAX_MALLOC=system ""
 
 Each positional argument is one variant: comma-separated `dotted.name=value`
-config overrides ("" = the default config). Every round runs every variant once,
+config overrides ("" = the default config); an item named `xla_...` is an XLA
+flag, added as `--xla_...` to that variant's `XLA_FLAGS`, and an UPPER_CASE item
+an environment variable of that variant's process. Every process runs with the
+host allocator bert-jax's commands use (`bert_jax.dist.host_malloc`) unless its
+variant sets BERT_JAX_MALLOC=system. Every round runs every variant once,
 in order, each in its own process (`tools.step_builder`: compile, 1 untimed
 step, `--steps` timed steps), so slow drifts of the machine hit all variants alike. Prints the compile
 time and the median and min step time of each variant in each round. This is
@@ -18,6 +24,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -27,14 +34,38 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as `python tools/ab_step.py`: bert_jax, configs, tools
   sys.path.insert(0, ROOT)
 
+import bert_jax  # noqa: E402
+from bert_jax.dist import host_malloc  # noqa: E402
 from tools import step_builder  # noqa: E402
 
 _TAG = "AB_RESULT "
 
 
+def xla_flags(text: str) -> list[str]:
+  """The variant's XLA flags: its `xla_...=value` items, as `--xla_...=value`."""
+  return ["--" + item.strip() for item in text.split(",") if item.strip().startswith("xla_")]
+
+
+def env_items(text: str) -> dict[str, str]:
+  """The variant's environment variables: its `UPPER_CASE=value` items."""
+  out = {}
+  for item in filter(None, (i.strip() for i in text.split(","))):
+    name, _, value = item.partition("=")
+    if _is_env_name(name):
+      out[name] = value
+  return out
+
+
+def _is_env_name(name: str) -> bool:
+  return bool(re.fullmatch(r"[A-Z_][A-Z0-9_]*", name.strip()))
+
+
 def parse_variant(text: str) -> dict:
+  """The variant's config overrides: its `dotted.name=value` items."""
   out = {}
   for item in filter(None, text.split(",")):
+    if item.strip().startswith("xla_") or _is_env_name(item.partition("=")[0]):
+      continue  # an XLA flag (xla_flags) or an environment variable (env_items)
     name, sep, value = item.partition("=")
     if not sep:
       raise SystemExit(f"error: variant item {item!r}: expected dotted.name=value")
@@ -73,14 +104,19 @@ def main(argv=None) -> int:
     return _one(args)
   for v in args.variants:
     parse_variant(v)  # fail before any run
-  env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "").replace(
-      "--xla_force_host_platform_device_count=8", "").strip()}
+  base_flags = os.environ.get("XLA_FLAGS", "").replace(
+      "--xla_force_host_platform_device_count=8", "").strip()
   print(f"{args.case} ({args.dtype}), {args.steps} timed steps per run, {args.rounds} rounds")
   results = {v: [] for v in args.variants}
   for r in range(args.rounds):
     for v in args.variants:
       cmd = [sys.executable, os.path.abspath(__file__), "--one", v, "--case", args.case,
              "--dtype", args.dtype, "--batch", str(args.batch), "--steps", str(args.steps), v]
+      env = {**os.environ, **env_items(v),
+             "XLA_FLAGS": " ".join([base_flags, *xla_flags(v)]).strip()}
+      env = host_malloc.tuned_environ(env, host_malloc.glibc_version(),
+                                      host_malloc.thp_available(),
+                                      bert_jax.has_accelerator()) or env
       proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
       line = [l for l in proc.stdout.splitlines() if l.startswith(_TAG)]
       if proc.returncode or not line:

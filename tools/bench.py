@@ -41,6 +41,8 @@ from typing import Callable, Optional, Sequence
 
 import jax
 
+import bert_jax
+from bert_jax.dist import host_malloc
 from bert_jax.errors import BertJaxError, ConfigError
 from tools import bench_prepare, measure, peers, readme_block, step_builder
 from tools.cases import CASES, Case, ModelSize, model_flops, model_sizes
@@ -123,8 +125,24 @@ def run_job(job: Job, quick: bool, warmup: int, steps: int, peak_n: int = 0) -> 
       k: peak[k] for k in ("framework", "dtype", "n", "flops_per_s", "min_s", "max_s")}}
 
 
-def _worker_env() -> dict:
+def worker_malloc(malloc: str, environ=os.environ) -> Optional[str]:
+  """GLIBC_TUNABLES for every worker, ours and peers alike, or None to keep the environment's.
+
+  'huge-pages' is what bert-jax's own commands run with on a CPU-only host
+  (`bert_jax.dist.host_malloc`); the peers get the same allocator, so the
+  comparison is of the steps, not of page faults. 'system' leaves glibc as it is."""
+  if malloc == "system":
+    return None
+  env = host_malloc.tuned_environ(environ, host_malloc.glibc_version(),
+                                  host_malloc.thp_available(), bert_jax.has_accelerator())
+  return env["GLIBC_TUNABLES"] if env else None
+
+
+def _worker_env(malloc: str = "huge-pages") -> dict:
   env = dict(os.environ)
+  tunables = worker_malloc(malloc, env)
+  if tunables:
+    env["GLIBC_TUNABLES"] = tunables
   # One real device per worker: drop the tests' simulated-device flag.
   flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
   env["XLA_FLAGS"] = flags.strip()
@@ -136,14 +154,14 @@ def _worker_env() -> dict:
 
 
 def _run_in_worker(job: Job, quick: bool, warmup: int, steps: int, timeout: float,
-                   peak_n: int = 0) -> dict:
+                   peak_n: int = 0, malloc: str = "huge-pages") -> dict:
   cmd = [sys.executable, "-m", "tools.bench", "--worker",
          json.dumps(dataclasses.asdict(job)), "--warmup", str(warmup), "--steps", str(steps),
          "--peak-n", str(peak_n)]
   if quick:
     cmd.append("--quick")
   try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_worker_env(),
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_worker_env(malloc),
                           timeout=timeout, cwd=ROOT)
   except subprocess.TimeoutExpired:
     return {"error": f"timed out after {timeout:.0f} s"}
@@ -342,6 +360,11 @@ def markdown(result: dict) -> str:
          if result["quick"] else "") + ".",
       f"Command: `{result['command']}`",
   ]
+  if result.get("malloc"):
+    lines[-1:-1] = [
+        f"Host allocator, the same for every worker (ours and peers): {result['malloc']}"
+        + (" (what bert-jax's commands set on a CPU-only host; `--malloc system` keeps "
+           "glibc's defaults)." if "hugetlb" in result["malloc"] else ".")]
   for impl, why in result.get("skipped", {}).items():
     lines.append(f"Skipped {IMPL_NAMES.get(impl, impl)}: {why}.")
   return "\n".join(lines) + "\n"
@@ -363,7 +386,8 @@ def _write_atomic(path: str, text: str) -> None:
 def run_benchmark(cases: Sequence[Case], impls: Sequence[str], quick: bool, warmup: int,
                   steps: int, in_process: bool = False, timeout: float = 1800,
                   command: str = "", log: Callable[[str], None] = print,
-                  peak_n: int = 0, all_dtypes: bool = False) -> dict:
+                  peak_n: int = 0, all_dtypes: bool = False,
+                  malloc: str = "huge-pages") -> dict:
   """Runs every job (each in a worker process unless `in_process`) and derives metrics."""
   available = peers_available()
   skipped = {i: available[i] for i in impls if available.get(i)}
@@ -378,7 +402,7 @@ def run_benchmark(cases: Sequence[Case], impls: Sequence[str], quick: bool, warm
         return run_job(job, quick, warmup, steps, peak_n)
       except BertJaxError as e:
         return {"error": str(e)}
-    return _run_in_worker(job, quick, warmup, steps, timeout, peak_n)
+    return _run_in_worker(job, quick, warmup, steps, timeout, peak_n, malloc)
 
   rows = []
   for job in jobs:
@@ -395,6 +419,8 @@ def run_benchmark(cases: Sequence[Case], impls: Sequence[str], quick: bool, warm
   return {"rows": rows, "peak_n": peak_n,
           "machine": machine_info(), "quick": quick, "steps": steps, "warmup": warmup,
           "skipped": skipped, "command": command,
+          "malloc": ("the bench process's own" if in_process
+                     else worker_malloc(malloc) or "glibc defaults"),
           "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")}
 
 
@@ -424,6 +450,9 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
   p.add_argument("--peak-n", type=int, default=0,
                  help="size of the square matmul timed for the peak (default 2048 on CPU, "
                       "8192 on GPU)")
+  p.add_argument("--malloc", default="huge-pages", choices=("huge-pages", "system"),
+                 help="host allocator of every worker: glibc with transparent huge pages, "
+                      "as bert-jax's commands run (default), or glibc's defaults")
   p.add_argument("--worker", help=argparse.SUPPRESS)
   return p.parse_args(argv)
 
@@ -460,7 +489,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         a for a in (argv if argv is not None else sys.argv[1:]))
     result = run_benchmark([by_name[n] for n in names], impls, args.quick, warmup, steps,
                            args.in_process, args.timeout, command.strip(),
-                           peak_n=args.peak_n, all_dtypes=args.all_dtypes)
+                           peak_n=args.peak_n, all_dtypes=args.all_dtypes,
+                           malloc=args.malloc)
     table = markdown(result)
     print("\n" + table)
     _write_atomic(args.out, json.dumps(result, indent=1, default=str) + "\n")

@@ -35,6 +35,7 @@ if ROOT not in sys.path:  # run as `python tools/profile_step.py`: bert_jax, con
 
 import jax  # noqa: E402  (XLA_FLAGS is read when the backend starts, in main)
 
+from bert_jax.dist import host_malloc  # noqa: E402
 from tools import cases, step_builder  # noqa: E402
 
 # Model part of an op, from the JAX source path XLA keeps in its metadata.
@@ -142,4 +143,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+  host_malloc.reexec_with_huge_pages()  # profile the step as the trainer runs it
   sys.exit(main())

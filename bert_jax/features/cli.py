@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from bert_jax import cli as common
+from bert_jax.dist import host_malloc
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.features.extract import DTYPES, POOLINGS, Extractor, Features
 from bert_jax.data.tokenizer import CLS, SEP
@@ -192,6 +193,7 @@ def _main(argv: list[str]) -> None:
 
 def cli() -> None:
   """The console entry point (`bert-jax-features`)."""
+  host_malloc.reexec_with_huge_pages()
   sys.exit(main())
 
 
