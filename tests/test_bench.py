@@ -177,6 +177,16 @@ def test_every_worker_gets_the_same_host_allocator_and_system_keeps_glibcs(monke
   assert bench._worker_env("huge-pages")["GLIBC_TUNABLES"] == (
       "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
   assert bench._worker_env("system")["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+  assert bench._worker_env("retain")["GLIBC_TUNABLES"] == (
+      "glibc.malloc.arena_max=2:" + bench.RETAIN)
+
+
+def test_a_preloaded_allocator_is_found_or_named_in_one_error(monkeypatch, tmp_path):
+  (tmp_path / "libjemalloc.so.2").write_bytes(b"")
+  monkeypatch.setattr(bench, "_LIB_DIRS", (str(tmp_path / "none"), str(tmp_path)))
+  assert bench.worker_malloc("jemalloc") == {"LD_PRELOAD": str(tmp_path / "libjemalloc.so.2")}
+  with pytest.raises(bench.ConfigError, match="no libtcmalloc_minimal.so.4 in .*apt install"):
+    bench.worker_malloc("tcmalloc")
 
 
 def test_an_ab_variant_splits_into_config_overrides_xla_flags_and_environment():

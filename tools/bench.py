@@ -125,24 +125,52 @@ def run_job(job: Job, quick: bool, warmup: int, steps: int, peak_n: int = 0) -> 
       k: peak[k] for k in ("framework", "dtype", "n", "flops_per_s", "min_s", "max_s")}}
 
 
-def worker_malloc(malloc: str, environ=os.environ) -> Optional[str]:
-  """GLIBC_TUNABLES for every worker, ours and peers alike, or None to keep the environment's.
+# --malloc: the host allocator of every worker, ours and peers alike.
+MALLOCS = ("huge-pages", "system", "retain", "jemalloc", "tcmalloc")
+# glibc keeping what it frees: one arena, no mmap'd chunks, no trimming (what a
+# PyTorch-on-CPU tuning guide gets from jemalloc or tcmalloc, without a library).
+RETAIN = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+          "glibc.malloc.trim_threshold=4294967296")
+_PRELOADS = {"jemalloc": "libjemalloc.so.2", "tcmalloc": "libtcmalloc_minimal.so.4"}
+_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+             "/usr/lib", "/usr/local/lib")
+
+
+def worker_malloc(malloc: str, environ=os.environ) -> dict[str, str]:
+  """The environment variables that give every worker the `--malloc` allocator.
 
   'huge-pages' is what bert-jax's own commands run with on a CPU-only host
-  (`bert_jax.dist.host_malloc`); the peers get the same allocator, so the
-  comparison is of the steps, not of page faults. 'system' leaves glibc as it is."""
+  (`bert_jax.dist.host_malloc`; {} where it does not apply), 'system' leaves
+  glibc as it is, 'retain' makes glibc keep freed memory (RETAIN), 'jemalloc' and
+  'tcmalloc' preload that library. Ours and the peers get the same, so a
+  comparison is of the steps, not of page faults; run the bench once per
+  allocator to give each implementation its best."""
   if malloc == "system":
-    return None
-  env = host_malloc.tuned_environ(environ, host_malloc.glibc_version(),
-                                  host_malloc.thp_available(), bert_jax.has_accelerator())
-  return env["GLIBC_TUNABLES"] if env else None
+    return {}
+  if malloc == "huge-pages":
+    env = host_malloc.tuned_environ(environ, host_malloc.glibc_version(),
+                                    host_malloc.thp_available(), bert_jax.has_accelerator())
+    return {"GLIBC_TUNABLES": env["GLIBC_TUNABLES"]} if env else {}
+  if malloc == "retain":
+    return {"GLIBC_TUNABLES": ":".join(filter(None, [environ.get("GLIBC_TUNABLES", ""), RETAIN]))}
+  lib = _PRELOADS.get(malloc)
+  if lib is None:
+    raise ConfigError(f"--malloc={malloc!r}: expected one of {list(MALLOCS)}")
+  for d in _LIB_DIRS:
+    if os.path.exists(os.path.join(d, lib)):
+      return {"LD_PRELOAD": os.path.join(d, lib)}
+  package = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}[malloc]
+  raise ConfigError(f"--malloc={malloc}: no {lib} in {', '.join(_LIB_DIRS)}; install it "
+                    f"(Debian/Ubuntu: apt install {package})")
+
+
+def _describe(env: dict[str, str]) -> str:
+  return ", ".join(f"{k}={v}" for k, v in env.items()) or "glibc's defaults"
 
 
 def _worker_env(malloc: str = "huge-pages") -> dict:
   env = dict(os.environ)
-  tunables = worker_malloc(malloc, env)
-  if tunables:
-    env["GLIBC_TUNABLES"] = tunables
+  env.update(worker_malloc(malloc, env))
   # One real device per worker: drop the tests' simulated-device flag.
   flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
   env["XLA_FLAGS"] = flags.strip()
@@ -363,8 +391,8 @@ def markdown(result: dict) -> str:
   if result.get("malloc"):
     lines[-1:-1] = [
         f"Host allocator, the same for every worker (ours and peers): {result['malloc']}"
-        + (" (what bert-jax's commands set on a CPU-only host; `--malloc system` keeps "
-           "glibc's defaults)." if "hugetlb" in result["malloc"] else ".")]
+        + (", what bert-jax's commands set on a CPU-only host" if "hugetlb" in result["malloc"]
+           else "") + " (`--malloc`: huge-pages, system, retain, jemalloc, tcmalloc)."]
   for impl, why in result.get("skipped", {}).items():
     lines.append(f"Skipped {IMPL_NAMES.get(impl, impl)}: {why}.")
   return "\n".join(lines) + "\n"
@@ -420,7 +448,7 @@ def run_benchmark(cases: Sequence[Case], impls: Sequence[str], quick: bool, warm
           "machine": machine_info(), "quick": quick, "steps": steps, "warmup": warmup,
           "skipped": skipped, "command": command,
           "malloc": ("the bench process's own" if in_process
-                     else worker_malloc(malloc) or "glibc defaults"),
+                     else f"{malloc} ({_describe(worker_malloc(malloc))})"),
           "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")}
 
 
@@ -450,9 +478,10 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
   p.add_argument("--peak-n", type=int, default=0,
                  help="size of the square matmul timed for the peak (default 2048 on CPU, "
                       "8192 on GPU)")
-  p.add_argument("--malloc", default="huge-pages", choices=("huge-pages", "system"),
-                 help="host allocator of every worker: glibc with transparent huge pages, "
-                      "as bert-jax's commands run (default), or glibc's defaults")
+  p.add_argument("--malloc", default="huge-pages", choices=MALLOCS,
+                 help="host allocator of every worker, ours and peers alike: glibc with "
+                      "transparent huge pages, as bert-jax's commands run (default); glibc's "
+                      "defaults; glibc keeping freed memory; or jemalloc / tcmalloc preloaded")
   p.add_argument("--worker", help=argparse.SUPPRESS)
   return p.parse_args(argv)
 
@@ -485,6 +514,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       raise ConfigError(f"--steps={steps} --warmup={warmup}: expected steps >= 1, warmup >= 0")
     if args.readme:  # fail before the (long) run, not after it
       readme_block.check(args.readme_path, README_BLOCK)
+    worker_malloc(args.malloc)  # likewise: a missing allocator library
     command = "python -m tools.bench " + " ".join(
         a for a in (argv if argv is not None else sys.argv[1:]))
     result = run_benchmark([by_name[n] for n in names], impls, args.quick, warmup, steps,
