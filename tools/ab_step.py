@@ -13,7 +13,8 @@ host allocator bert-jax's commands use (`bert_jax.dist.host_malloc`) unless its
 variant sets BERT_JAX_MALLOC=system. Every round runs every variant once,
 in order, each in its own process (`tools.step_builder`: compile, 1 untimed
 step, `--steps` timed steps), so slow drifts of the machine hit all variants alike. Prints the compile
-time and the median and min step time of each variant in each round. This is
+time, the median and min step time, and the minor page faults and kernel time per
+step of each variant in each round. This is
 how the lever A/B numbers in docs/performance.md were taken; code (not config) variants
 were measured the same way on a patched tree.
 """
@@ -25,6 +26,7 @@ import ast
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -81,12 +83,18 @@ def _one(args) -> int:
   step, compile_s = built.run, built.compile_s
   step(0)
   times = []
+  before = resource.getrusage(resource.RUSAGE_SELF)
   for i in range(1, args.steps + 1):
     t = time.perf_counter()
     step(i)
     times.append(time.perf_counter() - t)
+  after = resource.getrusage(resource.RUSAGE_SELF)
   print(_TAG + json.dumps({"compile_s": compile_s, "median_ms": 1e3 * statistics.median(times),
-                           "min_ms": 1e3 * min(times)}), flush=True)
+                           "min_ms": 1e3 * min(times),
+                           # minor page faults and kernel time: what the host allocator costs
+                           "faults_per_step": (after.ru_minflt - before.ru_minflt) / args.steps,
+                           "sys_s_per_step": (after.ru_stime - before.ru_stime) / args.steps}),
+        flush=True)
   return 0
 
 
@@ -126,7 +134,9 @@ def main(argv=None) -> int:
       res = json.loads(line[0][len(_TAG):])
       results[v].append(res)
       print(f"  round {r + 1}  {v or '(default)':40s} compile {res['compile_s']:5.1f} s  "
-            f"median {res['median_ms']:8.1f} ms  min {res['min_ms']:8.1f} ms", flush=True)
+            f"median {res['median_ms']:8.1f} ms  min {res['min_ms']:8.1f} ms  "
+            f"page faults/step {res['faults_per_step']:7.0f}  kernel {res['sys_s_per_step']:.2f} s",
+            flush=True)
   print("summary (median of the round medians):")
   for v, rs in results.items():
     print(f"  {v or '(default)':40s} {statistics.median(r['median_ms'] for r in rs):8.1f} ms")

@@ -2,7 +2,7 @@
 
 XLA:CPU allocates each step's temporary and output buffers anew with malloc.
 Buffers of tens of MB and more are fresh `mmap`s, so every step faults all of
-them in again, 4 KiB at a time: about 106,000 page faults and 0.25 s of kernel
+them in again, 4 KiB at a time: about 100,000 page faults and 0.24 s of kernel
 time per step of the small model (L4 H256, 16 x 128) on a 2-core AMD EPYC,
 20% of its step. With `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc asks for
 transparent huge pages (2 MiB) on those mappings, and the faults drop 100-fold.
