@@ -172,7 +172,7 @@ def test_every_worker_gets_the_same_host_allocator_and_system_keeps_glibcs(monke
   from bert_jax.dist import host_malloc
   monkeypatch.setattr(host_malloc, "glibc_version", lambda: (2, 36))
   monkeypatch.setattr(host_malloc, "thp_available", lambda: True)
-  monkeypatch.setattr(bench.bert_jax, "has_accelerator", lambda: False)
+  monkeypatch.setattr(host_malloc.bert_jax, "has_accelerator", lambda: False)
   monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
   assert bench._worker_env("huge-pages")["GLIBC_TUNABLES"] == (
       "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")

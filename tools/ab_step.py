@@ -36,7 +36,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as `python tools/ab_step.py`: bert_jax, configs, tools
   sys.path.insert(0, ROOT)
 
-import bert_jax  # noqa: E402
 from bert_jax.dist import host_malloc  # noqa: E402
 from tools import step_builder  # noqa: E402
 
@@ -122,9 +121,7 @@ def main(argv=None) -> int:
              "--dtype", args.dtype, "--batch", str(args.batch), "--steps", str(args.steps), v]
       env = {**os.environ, **env_items(v),
              "XLA_FLAGS": " ".join([base_flags, *xla_flags(v)]).strip()}
-      env = host_malloc.tuned_environ(env, host_malloc.glibc_version(),
-                                      host_malloc.thp_available(),
-                                      bert_jax.has_accelerator()) or env
+      env = host_malloc.tuned_here(env) or env
       proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
       line = [l for l in proc.stdout.splitlines() if l.startswith(_TAG)]
       if proc.returncode or not line:

@@ -41,7 +41,6 @@ from typing import Callable, Optional, Sequence
 
 import jax
 
-import bert_jax
 from bert_jax.dist import host_malloc
 from bert_jax.errors import BertJaxError, ConfigError
 from tools import bench_prepare, measure, peers, readme_block, step_builder
@@ -148,8 +147,7 @@ def worker_malloc(malloc: str, environ=os.environ) -> dict[str, str]:
   if malloc == "system":
     return {}
   if malloc == "huge-pages":
-    env = host_malloc.tuned_environ(environ, host_malloc.glibc_version(),
-                                    host_malloc.thp_available(), bert_jax.has_accelerator())
+    env = host_malloc.tuned_here(environ)
     return {"GLIBC_TUNABLES": env["GLIBC_TUNABLES"]} if env else {}
   if malloc == "retain":
     return {"GLIBC_TUNABLES": ":".join(filter(None, [environ.get("GLIBC_TUNABLES", ""), RETAIN]))}

@@ -61,14 +61,18 @@ def tuned_environ(environ: Mapping[str, str], glibc: tuple[int, ...],
   return {**environ, "GLIBC_TUNABLES": tunables}
 
 
+def tuned_here(environ: Mapping[str, str]) -> Optional[dict]:
+  """`tuned_environ` with this host's glibc, THP mode and accelerators."""
+  return tuned_environ(environ, glibc_version(), thp_available(), bert_jax.has_accelerator())
+
+
 def reexec_with_huge_pages() -> None:
   """Execs this command again with the huge-page tunable, where it applies.
 
   Call it first thing in a command-line entry point (never on import, never in
   a library call): the process is replaced, so nothing before it must matter.
   """
-  env = tuned_environ(os.environ, glibc_version(), thp_available(),
-                      bert_jax.has_accelerator())
+  env = tuned_here(os.environ)
   argv = getattr(sys, "orig_argv", [])
   if env is None or len(argv) < 2 or argv[1] in ("-c", "-"):
     return  # not applicable, or not a command we can run again (python -c, stdin)
