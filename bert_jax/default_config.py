@@ -100,6 +100,9 @@ def _model() -> ml_collections.ConfigDict:
   # (JAX's default generator), or 'rbg' / 'unsafe_rbg' (XLA's RngBitGenerator).
   # Same keep probability either way.
   c.dropout_rng = "hash"
+  # Float32 attention dots on XLA:CPU: 'canonical' (batch and head axes first, the
+  # contraction last; faster there) or 'xla' (XLA picks). Same values either way.
+  c.cpu_attention_layout = "canonical"
   return c
 
 

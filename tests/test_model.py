@@ -103,12 +103,67 @@ def test_dropout_is_active_only_when_not_deterministic():
                                 model.apply({"params": params}, *args).nsp_logits_Bx2)
 
 
+def _attention_dots(config, platform):
+  """(lhs batch dims, lhs contracting dims) of every attention dot (4-D x 4-D), forward and gradient."""
+  from bert_jax.model import precision
+  params = _init(config)
+  ids = jnp.arange(32, dtype=jnp.int32).reshape(2, 16) + 5
+  pos = jnp.ones((2, 3), jnp.int32)
+
+  def loss(p):
+    out = BertForPreTraining(config).apply({"params": p}, ids, ids * 0, ids * 0 + 1, pos)
+    return jnp.sum(out.mlm_logits_BxPxV[..., :300] ** 2) + jnp.sum(out.nsp_logits_Bx2)
+
+  with precision.target_platform(platform):
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss))(params)
+  return [(e.params["dimension_numbers"][1][0], e.params["dimension_numbers"][0][0])
+          for e in precision.iter_eqns(jaxpr)
+          if e.primitive.name == "dot_general" and all(v.aval.ndim == 4 for v in e.invars)]
+
+
+def test_float32_attention_dots_are_canonical_on_cpu():
+  # Batch (and head) axes first, contraction last on the lhs: the layout XLA:CPU's
+  # batched dots run fast in, forward and both gradient dots.
+  dots = _attention_dots(SMALL, "cpu")
+  assert len(dots) == 2 * SMALL.num_layers * 3
+  assert all(batch == (0, 1) and contract == (3,) for batch, contract in dots), dots
+
+
+def test_float32_attention_layout_xla_and_other_platforms_keep_the_plain_einsum():
+  xla = BertConfig(**{**SMALL.to_dict(), "cpu_attention_layout": "xla"})
+  for config, platform in ((xla, "cpu"), (SMALL, "tpu")):
+    dots = _attention_dots(config, platform)
+    assert dots and not all(batch == (0, 1) and contract == (3,) for batch, contract in dots)
+
+
+def test_cpu_attention_layouts_give_the_same_outputs_and_gradients():
+  xla = BertConfig(**{**SMALL.to_dict(), "cpu_attention_layout": "xla"})
+  params = _init(SMALL)
+  ids = jnp.arange(32, dtype=jnp.int32).reshape(2, 16) + 5
+  mask = jnp.ones((2, 16), jnp.int32).at[1, 12:].set(0)
+  pos = jnp.ones((2, 3), jnp.int32)
+
+  def run(config):
+    def loss(p):
+      out = BertForPreTraining(config).apply({"params": p}, ids, ids * 0, mask, pos)
+      return jnp.sum(out.mlm_logits_BxPxV[..., :300] ** 2) + jnp.sum(out.nsp_logits_Bx2), out
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+  (la, a), ga = run(SMALL)
+  (lb, b), gb = run(xla)
+  np.testing.assert_allclose(a.encoder.sequence_BxLxD, b.encoder.sequence_BxLxD, atol=1e-5)
+  np.testing.assert_allclose(la, lb, rtol=1e-5)
+  for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("change, field", [
     ({"hidden_size": 30}, "num_heads"),
     ({"num_layers": 0}, "num_layers"),
     ({"dropout_rate": 1.5}, "dropout_rate"),
     ({"dtype": "float64"}, "dtype"),
     ({"dropout_rng": "philox"}, "dropout_rng"),
+    ({"cpu_attention_layout": "nhwc"}, "cpu_attention_layout"),
 ])
 def test_impossible_model_config_names_the_field(change, field):
   with pytest.raises(ConfigError, match=field):

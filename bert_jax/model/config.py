@@ -11,6 +11,7 @@ from bert_jax.errors import ConfigError
 # Compute dtypes by name (jax.numpy is imported only when a dtype object is asked for).
 _DTYPES = ("float32", "bfloat16", "float16")
 _DROPOUT_RNGS = ("hash", "threefry", "rbg", "unsafe_rbg")
+_CPU_ATTENTION_LAYOUTS = ("canonical", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,11 @@ class BertConfig:
   remat: bool = False
   # How dropout draws its random bits: 'hash' | 'threefry' | 'rbg' | 'unsafe_rbg'.
   dropout_rng: str = "hash"
+  # Layout of the float32 attention dots (scores, context) compiled for XLA:CPU:
+  # 'canonical' moves batch and head axes first and the contraction last
+  # (bert_jax.model.precision, as the mixed-precision dots always are); 'xla' leaves
+  # the layout to XLA. Same values; TPU and GPU always leave it to the compiler.
+  cpu_attention_layout: str = "canonical"
 
   @property
   def padded_vocab_size(self) -> int:
@@ -72,6 +78,9 @@ class BertConfig:
     if self.dropout_rng not in _DROPOUT_RNGS:
       raise ConfigError(f"config.model.dropout_rng={self.dropout_rng!r}: expected one of "
                         f"{sorted(_DROPOUT_RNGS)}")
+    if self.cpu_attention_layout not in _CPU_ATTENTION_LAYOUTS:
+      raise ConfigError(f"config.model.cpu_attention_layout={self.cpu_attention_layout!r}: "
+                        f"expected one of {sorted(_CPU_ATTENTION_LAYOUTS)}")
     if self.dtype not in _DTYPES:
       hint = (" ('auto' must be resolved first: bert_jax.model.precision.resolve_dtype)"
               if self.dtype == "auto" else "")

@@ -24,7 +24,8 @@ from bert_jax.settings import Phase, Settings
 from bert_jax.train.steps import TrainSteps
 
 # May change between runs without changing the parameters.
-_FREE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "remat", "dropout_rng")
+_FREE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "remat", "dropout_rng",
+                      "cpu_attention_layout")
 
 
 @dataclasses.dataclass
