@@ -22,10 +22,14 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from bert_jax.errors import ConfigError
-from bert_jax.features.extract import DTYPES, Extractor
-from bert_jax import cli as common
 from bert_jax.dist import host_malloc
+
+if __name__ == "__main__":  # `python -m bert_jax.probe`: before the JAX imports below
+  host_malloc.reexec_with_huge_pages()  # it may run this command again
+
+from bert_jax.errors import ConfigError  # noqa: E402
+from bert_jax.features.extract import DTYPES, Extractor  # noqa: E402
+from bert_jax import cli as common  # noqa: E402
 
 PROBE_POOLINGS = ("cls", "mean", "pooler")
 

@@ -89,6 +89,7 @@ RULES = [
     ("bert_jax.dist.startup_roster", JAX, "start-up guards run before JAX is initialised"),
     ("bert_jax.dist.workdir_lock", JAX, "start-up guards run before JAX is initialised"),
     ("bert_jax.dist.host_malloc", JAX, "it may exec the command again, before JAX starts"),
+    ("bert_jax.commands", JAX, "the installed commands exec again before JAX starts"),
     ("bert_jax.features", ("optax", "bert_jax.train", "bert_jax.trainer"),
      "feature extraction never loads the optimizer or the trainer"),
     ("bert_jax.train.optim", ("bert_jax.model",), "the optimizer knows no model"),
@@ -110,7 +111,7 @@ def test_every_module_is_in_a_folder_with_rules_or_tells_the_run_story():
          if m.count(".") == 1 and not path.endswith("__init__.py")}
   allowed = {"bert_jax.settings", "bert_jax.default_config", "bert_jax.train_cli", "bert_jax.cli",
              "bert_jax.trainer", "bert_jax.errors", "bert_jax.console", "bert_jax.probe",
-             "bert_jax.finetune", "bert_jax.plan"}
+             "bert_jax.finetune", "bert_jax.plan", "bert_jax.commands"}
   assert top <= allowed, sorted(top - allowed)
 
 

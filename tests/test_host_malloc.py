@@ -72,3 +72,43 @@ def test_an_entry_point_runs_once_more_with_the_tunable_and_its_arguments(tmp_pa
 def test_opting_out_runs_the_command_as_it_is(tmp_path):
   [line] = _run(tmp_path, BERT_JAX_MALLOC="system")
   assert json.loads(line) == ["", ["--flag", "a b"]]
+
+
+_PROBE = textwrap.dedent("""
+    import runpy, sys
+    sys.path.insert(0, {repo!r})
+    from bert_jax.dist import host_malloc
+
+    def stop():  # stands in for the exec: reports what was loaded by then
+      print("jax loaded" if "jax" in sys.modules else "jax not loaded")
+      raise SystemExit(0)
+
+    host_malloc.reexec_with_huge_pages = stop
+    {call}
+    """)
+
+
+@pytest.mark.parametrize("call", [
+    "import bert_jax.commands as c; c.train()",
+    "import bert_jax.commands as c; c.features()",
+    "import bert_jax.commands as c; c.finetune()",
+    "import bert_jax.commands as c; c.probe()",
+    "runpy.run_module('bert_jax.probe', run_name='__main__')",
+    "runpy.run_module('bert_jax.finetune', run_name='__main__')",
+    "runpy.run_module('bert_jax.features', run_name='__main__')",
+    "sys.argv = ['train.py']; runpy.run_path({train!r}, run_name='__main__')",
+])
+def test_every_command_reaches_the_exec_before_it_loads_jax(call, tmp_path):
+  # Otherwise the command starts JAX twice: once before the exec, once after.
+  code = _PROBE.format(repo=REPO, call=call.format(train=os.path.join(REPO, "train.py")))
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        cwd=tmp_path, timeout=120)
+  assert proc.stdout.strip() == "jax not loaded", proc.stdout + proc.stderr
+
+
+def test_the_installed_commands_are_the_light_entry_points():
+  import tomllib
+  with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+    scripts = tomllib.load(f)["project"]["scripts"]
+  for name in ("bert-jax-train", "bert-jax-features", "bert-jax-finetune", "bert-jax-probe"):
+    assert scripts[name].startswith("bert_jax.commands:"), (name, scripts[name])
