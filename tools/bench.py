@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -99,6 +100,12 @@ class Job:
   case: str  # a Case name
   impl: str  # one of IMPLS
   dtype: str
+  batch: int = 0  # 0: the case's own batch size (else --batch gave one)
+
+
+def _case(job: Job) -> Case:
+  case = {c.name: c for c in CASES}[job.case]
+  return dataclasses.replace(case, batch=job.batch) if job.batch else case
 
 
 def run_job(job: Job, quick: bool, warmup: int, steps: int, peak_n: int = 0) -> dict:
@@ -107,7 +114,7 @@ def run_job(job: Job, quick: bool, warmup: int, steps: int, peak_n: int = 0) -> 
   The matmul peak is timed here, right before the case, by the framework the
   case runs on: it then sees the same machine load as the case itself.
   """
-  case = {c.name: c for c in CASES}[job.case]
+  case = _case(job)
   if case.kind == "prepare":
     return _run_prepare(quick)
   if quick:
@@ -203,6 +210,11 @@ def peers_available() -> dict[str, Optional[str]]:
   out: dict[str, Optional[str]] = {"ours": None}
   has_tf = importlib.util.find_spec("transformers") is not None
   out["hf_flax"] = out["hf_flax_masked"] = None if has_tf else "transformers is not installed"
+  if has_tf:
+    version = importlib.metadata.version("transformers")
+    if int(version.split(".")[0]) >= 5:  # v5 dropped the Flax models
+      out["hf_flax"] = out["hf_flax_masked"] = (
+          f"transformers {version} has no Flax models (requirements-peers.txt pins 4.57.6)")
   if not has_tf:
     out["hf_torch"] = "transformers is not installed"
   else:
@@ -252,10 +264,10 @@ def plan(cases: Sequence[Case], impls: Sequence[str], all_dtypes: bool = False,
         continue  # no MLM head in feature extraction
       if impl == "ours" and (bf16 or default != "float32" and (
           all_dtypes or case.name == "train_base_128")):
-        jobs.append(Job(case.name, impl, "bfloat16" if bf16 else default))
+        jobs.append(Job(case.name, impl, "bfloat16" if bf16 else default, case.batch))
       elif bf16 and impl.startswith("hf_torch"):
-        jobs.append(Job(case.name, impl, "bfloat16"))
-      jobs.append(Job(case.name, impl, "float32"))
+        jobs.append(Job(case.name, impl, "bfloat16", case.batch))
+      jobs.append(Job(case.name, impl, "float32", case.batch))
   return jobs
 
 
@@ -264,7 +276,7 @@ def derive(job: Job, raw: dict, quick: bool) -> dict:
   row = {"case": job.case, "impl": job.impl, "dtype": job.dtype, **raw}
   if "error" in raw:
     return row
-  case = {c.name: c for c in CASES}[job.case]
+  case = _case(job)
   if case.kind == "prepare":
     return row
   case = _quick(case) if quick else case
@@ -476,12 +488,29 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
   p.add_argument("--peak-n", type=int, default=0,
                  help="size of the square matmul timed for the peak (default 2048 on CPU, "
                       "8192 on GPU)")
+  p.add_argument("--batch", default="", metavar="CASE=N,...",
+                 help="other batch sizes for some cases, e.g. train_base_128=256,"
+                      "features_base_128=512 on a GPU (the cases' own are sized for 2 CPU "
+                      "cores)")
   p.add_argument("--malloc", default="huge-pages", choices=MALLOCS,
                  help="host allocator of every worker, ours and peers alike: glibc with "
                       "transparent huge pages, as bert-jax's commands run (default); glibc's "
                       "defaults; glibc keeping freed memory; or jemalloc / tcmalloc preloaded")
   p.add_argument("--worker", help=argparse.SUPPRESS)
   return p.parse_args(argv)
+
+
+def _with_batches(chosen: list, spec: str) -> list:
+  """The chosen cases, with the batch sizes `--batch` gives (CASE=N, comma-separated)."""
+  batches = {}
+  for item in filter(None, (i.strip() for i in spec.split(","))):
+    name, _, value = item.partition("=")
+    if name not in {c.name for c in chosen} or not value.isdigit() or int(value) < 1:
+      raise ConfigError(f"--batch={spec!r}: {item!r} is not CASE=N with CASE one of the "
+                        f"chosen cases {[c.name for c in chosen]} and N a positive integer")
+    batches[name] = int(value)
+  return [dataclasses.replace(c, batch=batches[c.name]) if c.name in batches else c
+          for c in chosen]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -504,6 +533,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if bad or not names:
       raise ConfigError(f"--cases={args.cases!r}: unknown {bad}; expected a comma-separated "
                         f"list from {list(by_name)} or 'all'")
+    chosen = _with_batches([by_name[n] for n in names], args.batch)
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
     if not impls or any(i not in IMPLS for i in impls) or "ours" not in impls:
       raise ConfigError(f"--impls={args.impls!r}: expected 'ours' plus any of "
@@ -515,7 +545,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     worker_malloc(args.malloc)  # likewise: a missing allocator library
     command = "python -m tools.bench " + " ".join(
         a for a in (argv if argv is not None else sys.argv[1:]))
-    result = run_benchmark([by_name[n] for n in names], impls, args.quick, warmup, steps,
+    result = run_benchmark(chosen, impls, args.quick, warmup, steps,
                            args.in_process, args.timeout, command.strip(),
                            peak_n=args.peak_n, all_dtypes=args.all_dtypes,
                            malloc=args.malloc)

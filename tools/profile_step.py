@@ -3,6 +3,7 @@
   python tools/profile_step.py                          # train_small_128, float32
   python tools/profile_step.py --case train_base_128 --top 40
   python tools/profile_step.py --case features_base_128 --dtype bfloat16
+  python tools/profile_step.py --case features_base_128 --timeline layer_5
 
 Builds the same step as `python -m tools.bench` (`tools.step_builder`: the real
 `TrainSteps.train_step_fn`, or the encoder forward for `features_*`), traces a few
@@ -12,6 +13,9 @@ source it came from, and totals per part of the model (MLM head, attention,
 feed-forward, optimizer, ...) and per kind of op (matmul, copy/transpose,
 elementwise). On 2 cores XLA runs independent ops side by side, so op times add
 up to more than the wall time; compare shares, not sums with wall time.
+`--timeline SCOPE` also lists one scope's ops (e.g. a layer) of the last traced
+step in time order, with their threads: what runs side by side, and how long the
+scope takes from its first op to its last.
 A measuring tool for performance work: not part of CI.
 """
 
@@ -95,6 +99,9 @@ def main(argv=None) -> int:
   p.add_argument("--steps", type=int, default=3, help="traced steps (after 2 untimed ones)")
   p.add_argument("--top", type=int, default=25, help="how many single ops to list")
   p.add_argument("--part", default="", help="list only ops of this model part (e.g. 'other')")
+  p.add_argument("--timeline", default="", metavar="SCOPE",
+                 help="also list, in time order, the last traced step's ops whose JAX source "
+                      "holds /SCOPE/ (e.g. layer_5): start, duration and thread")
   args = p.parse_args(argv)
   # Per-op trace events of the XLA CPU runtime; must be set before JAX starts.
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -139,7 +146,31 @@ def main(argv=None) -> int:
   for name, ms in listed[:args.top]:
     shape, src = info[name]
     print(f"  {ms:8.1f}  {name:28s} {shape[:32]:32s} {src.replace('jit(step_fn)/', '')[-90:]}")
+  if args.timeline:
+    _print_timeline(events, info, args.timeline)
   return 0
+
+
+def _print_timeline(events: list, info: dict, scope: str) -> None:
+  """The last traced step's ops of one scope in time order: what runs side by side, and the gaps."""
+  ops = sorted((e for e in events if e.get("ph") == "X" and e.get("name") in info),
+               key=lambda e: e["ts"])
+  # Op names repeat every step: the last step starts at the last occurrence of the first op.
+  first = ops[0]["name"]
+  start = max(i for i, e in enumerate(ops) if e["name"] == first)
+  chosen = [e for e in ops[start:] if f"/{scope}/" in info[e["name"]][1]]
+  if not chosen:
+    print(f"\nno op of the last step has /{scope}/ in its JAX source")
+    return
+  t0 = chosen[0]["ts"]
+  span = max(e["ts"] + e["dur"] for e in chosen) - t0
+  threads = {tid: i for i, tid in enumerate(dict.fromkeys(e["tid"] for e in chosen))}
+  print(f"\ntimeline of /{scope}/ in the last step: {span / 1e3:.1f} ms from its first op's "
+        f"start to its last op's end (start ms, duration ms, thread, op, shape, JAX source):")
+  for e in chosen:
+    shape, src = info[e["name"]]
+    print(f"  {(e['ts'] - t0) / 1e3:8.1f} {e['dur'] / 1e3:8.1f}  t{threads[e['tid']]}  "
+          f"{e['name']:28s} {shape[:28]:28s} {src.replace('jit(step_fn)/', '')}")
 
 
 if __name__ == "__main__":
