@@ -181,6 +181,21 @@ def test_the_masked_head_torch_peer_computes_the_shipped_loss():
   assert masked == pytest.approx(shipped, rel=1e-5)
 
 
+@pytest.mark.slow  # torch.compile's first call compiles C++ on the CPU
+def test_the_compiled_torch_peer_computes_the_masked_head_loss():
+  torch = pytest.importorskip("torch")
+  from transformers import BertForPreTraining
+  from tools import cases, peers
+  case, size = _mini_case()
+  torch.manual_seed(0)
+  model = BertForPreTraining(peers._hf_config(size)).eval()
+  b = {k: torch.from_numpy(v.astype("int64")) for k, v in cases.make_batch(case, 500).items()}
+  with torch.no_grad():
+    eager = float(peers.torch_loss(model, b, True))
+    compiled = float(torch.compile(peers.torch_loss)(model, b, True))
+  assert compiled == pytest.approx(eager, rel=1e-4)
+
+
 def test_the_masked_head_flax_peer_computes_the_shipped_loss():
   pytest.importorskip("transformers")
   from transformers import FlaxBertForPreTraining

@@ -53,10 +53,14 @@ _RESULT_TAG = "BENCH_RESULT "  # a worker's one JSON line on stdout starts with 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 # "_masked": the peer's train step with its MLM head on the masked positions only (what a
 # skilled user writes; `tools.peers`); train cases only.
-IMPLS = ("ours", "hf_flax", "hf_torch", "hf_flax_masked", "hf_torch_masked")
+IMPLS = ("ours", "hf_flax", "hf_torch", "hf_flax_masked", "hf_torch_masked", "hf_torch_compiled")
+# torch.compile's first step compiles for minutes on 2 CPU cores: asked for by name
+# (--impls), as on a GPU, where it is the second PyTorch row.
+DEFAULT_IMPLS = IMPLS[:-1]
 PEERS = IMPLS[1:]
 IMPL_NAMES = {"ours": "bert-jax", "hf_flax": "HF Flax", "hf_torch": "HF PyTorch",
-              "hf_flax_masked": "HF Flax, masked head", "hf_torch_masked": "HF PyTorch, masked head"}
+              "hf_flax_masked": "HF Flax, masked head", "hf_torch_masked": "HF PyTorch, masked head",
+              "hf_torch_compiled": "HF PyTorch, torch.compile"}
 
 
 def _quick(case: Case) -> Case:
@@ -126,7 +130,10 @@ def run_job(job: Job, quick: bool, warmup: int, steps: int, peak_n: int = 0) -> 
     raw = _run_ours(case, size, job.dtype, warmup, steps)
   else:
     run = peers.run_hf_torch if framework == "torch" else peers.run_hf_flax
-    raw = run(case, size, job.dtype, warmup, steps, masked=job.impl.endswith("_masked"))
+    if job.impl == "hf_torch_compiled":  # the masked head, compiled
+      raw = peers.run_hf_torch(case, size, job.dtype, warmup, steps, masked=True, compiled=True)
+    else:
+      raw = run(case, size, job.dtype, warmup, steps, masked=job.impl.endswith("_masked"))
   return {**raw, "matmul_peak": {
       k: peak[k] for k in ("framework", "dtype", "n", "flops_per_s", "min_s", "max_s")}}
 
@@ -220,7 +227,7 @@ def peers_available() -> dict[str, Optional[str]]:
   else:
     out["hf_torch"] = (None if importlib.util.find_spec("torch") is not None
                        else "torch is not installed")
-  out["hf_torch_masked"] = out["hf_torch"]
+  out["hf_torch_masked"] = out["hf_torch_compiled"] = out["hf_torch"]
   return out
 
 
@@ -468,8 +475,8 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                  help="2-layer models and batch <= 4: checks the plumbing, measures nothing")
   p.add_argument("--cases", default="all",
                  help="comma-separated, from: " + ", ".join(c.name for c in CASES))
-  p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated, from: "
-                 + ", ".join(IMPLS))
+  p.add_argument("--impls", default=",".join(DEFAULT_IMPLS), help="comma-separated, from: "
+                 + ", ".join(IMPLS) + f" (default: all but {IMPLS[-1]})")
   p.add_argument("--steps", type=int, default=None, help="timed steps (default 10; quick 3)")
   p.add_argument("--warmup", type=int, default=None, help="untimed steps after compiling (default 1)")
   p.add_argument("--out", default="tools/results/results.json", help="JSON results")
