@@ -130,10 +130,9 @@ def run_job(job: Job, quick: bool, warmup: int, steps: int, peak_n: int = 0) -> 
     raw = _run_ours(case, size, job.dtype, warmup, steps)
   else:
     run = peers.run_hf_torch if framework == "torch" else peers.run_hf_flax
-    if job.impl == "hf_torch_compiled":  # the masked head, compiled
-      raw = peers.run_hf_torch(case, size, job.dtype, warmup, steps, masked=True, compiled=True)
-    else:
-      raw = run(case, size, job.dtype, warmup, steps, masked=job.impl.endswith("_masked"))
+    compiled = {"compiled": True} if job.impl == "hf_torch_compiled" else {}  # masked head too
+    raw = run(case, size, job.dtype, warmup, steps,
+              masked=job.impl.endswith(("_masked", "_compiled")), **compiled)
   return {**raw, "matmul_peak": {
       k: peak[k] for k in ("framework", "dtype", "n", "flops_per_s", "min_s", "max_s")}}
 
@@ -215,18 +214,16 @@ def _run_in_worker(job: Job, quick: bool, warmup: int, steps: int, timeout: floa
 def peers_available() -> dict[str, Optional[str]]:
   """impl -> None if importable, else why not (peers are optional)."""
   out: dict[str, Optional[str]] = {"ours": None}
-  has_tf = importlib.util.find_spec("transformers") is not None
-  out["hf_flax"] = out["hf_flax_masked"] = None if has_tf else "transformers is not installed"
-  if has_tf:
-    version = importlib.metadata.version("transformers")
-    if int(version.split(".")[0]) >= 5:  # v5 dropped the Flax models
-      out["hf_flax"] = out["hf_flax_masked"] = (
-          f"transformers {version} has no Flax models (requirements-peers.txt pins 4.57.6)")
-  if not has_tf:
-    out["hf_torch"] = "transformers is not installed"
+  if importlib.util.find_spec("transformers") is None:
+    out["hf_flax"] = out["hf_torch"] = "transformers is not installed"
   else:
+    version = importlib.metadata.version("transformers")
+    out["hf_flax"] = (None if int(version.split(".")[0]) < 5 else  # v5 dropped the Flax models
+                      f"transformers {version} has no Flax models (requirements-peers.txt "
+                      "pins 4.57.6)")
     out["hf_torch"] = (None if importlib.util.find_spec("torch") is not None
                        else "torch is not installed")
+  out["hf_flax_masked"] = out["hf_flax"]
   out["hf_torch_masked"] = out["hf_torch_compiled"] = out["hf_torch"]
   return out
 
