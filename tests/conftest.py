@@ -7,3 +7,24 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tempfile
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_tmpdir(tmp_path_factory):
+  """Temporary files of the tests and of the processes they start go under pytest's own
+  directory, which pytest prunes, not /tmp, which CI machines keep between runs: the
+  coordinator-port lock files of every multi-process test piled up there."""
+  path = tmp_path_factory.mktemp("tmpdir")
+  old = os.environ.get("TMPDIR")
+  os.environ["TMPDIR"] = str(path)
+  tempfile.tempdir = None  # gettempdir() caches its first answer
+  yield
+  if old is None:
+    os.environ.pop("TMPDIR", None)
+  else:
+    os.environ["TMPDIR"] = old
+  tempfile.tempdir = None

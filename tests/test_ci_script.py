@@ -1,0 +1,58 @@
+"""`.ci/run` leaves nothing behind in the temporary directory, pass or fail.
+
+CI machines keep their temporary directory between runs; two environments of
+about 4 GB each, left by every run, once filled a CI machine's disk. The
+script runs here against stub python3/pip/pytest, so no real install happens.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# `python3 -m venv DIR` makes DIR/bin/{activate,python,pip}; the venv's python
+# runs `-m pytest` as exit $FAKE_PYTEST_RC and logs every call.
+_FAKE_PYTHON3 = r'''#!/usr/bin/env bash
+set -e
+[ "$1 $2" = "-m venv" ] || exit 90
+d="$3"; mkdir -p "$d/bin"
+head -c 100000 /dev/zero > "$d/weight"
+cat > "$d/bin/activate" <<EOS
+deactivate() { PATH="\$_OLD_PATH"; }
+_OLD_PATH="\$PATH"; PATH="$d/bin:\$PATH"
+EOS
+printf '#!/usr/bin/env bash\necho "python $*" >> "$CALL_LOG"\n[ "$1 $2" = "-m pytest" ] && exit "${FAKE_PYTEST_RC:-0}"\nexit 0\n' > "$d/bin/python"
+printf '#!/usr/bin/env bash\necho "pip $*" >> "$CALL_LOG"\n' > "$d/bin/pip"
+chmod +x "$d/bin/python" "$d/bin/pip"
+'''
+
+
+def _run_ci(tmp_path: pathlib.Path, pytest_rc: int) -> tuple[subprocess.CompletedProcess, pathlib.Path]:
+  stubs = tmp_path / "stubs"
+  stubs.mkdir()
+  fake = stubs / "python3"
+  fake.write_text(_FAKE_PYTHON3)
+  fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+  scratch = tmp_path / "tmp"
+  scratch.mkdir()
+  log = tmp_path / "calls.log"
+  env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", TMPDIR=str(scratch),
+             CALL_LOG=str(log), FAKE_PYTEST_RC=str(pytest_rc))
+  proc = subprocess.run(["bash", str(REPO / ".ci" / "run")], env=env, capture_output=True,
+                        text=True, timeout=60)
+  return proc, scratch
+
+
+@pytest.mark.parametrize("pytest_rc", [0, 1])
+def test_ci_run_removes_its_environments(tmp_path, pytest_rc):
+  proc, scratch = _run_ci(tmp_path, pytest_rc)
+  calls = (tmp_path / "calls.log").read_text()
+  assert "python -m pytest" in calls, proc.stderr  # it really ran the suite
+  assert (proc.returncode == 0) == (pytest_rc == 0), proc.stderr  # a failure still fails CI
+  assert list(scratch.iterdir()) == []  # and neither environment is left behind
