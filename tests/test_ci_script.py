@@ -11,6 +11,7 @@ import os
 import pathlib
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -21,7 +22,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 _FAKE_PYTHON3 = r'''#!/usr/bin/env bash
 set -e
 [ "$1 $2" = "-m venv" ] || exit 90
-d="$3"; mkdir -p "$d/bin"
+d="$3"; echo "venv $(basename "$d") beside: $(ls "$(dirname "$d")" | tr '\n' ' ')" >> "$CALL_LOG"
+mkdir -p "$d/bin"
 head -c 100000 /dev/zero > "$d/weight"
 cat > "$d/bin/activate" <<EOS
 deactivate() { PATH="\$_OLD_PATH"; }
@@ -33,26 +35,51 @@ chmod +x "$d/bin/python" "$d/bin/pip"
 '''
 
 
-def _run_ci(tmp_path: pathlib.Path, pytest_rc: int) -> tuple[subprocess.CompletedProcess, pathlib.Path]:
+def _run_ci(tmp_path: pathlib.Path, pytest_rc: int) -> subprocess.CompletedProcess:
+  """Runs .ci/run with TMPDIR=tmp_path/tmp, which the caller may have filled."""
   stubs = tmp_path / "stubs"
   stubs.mkdir()
   fake = stubs / "python3"
   fake.write_text(_FAKE_PYTHON3)
   fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
   scratch = tmp_path / "tmp"
-  scratch.mkdir()
+  scratch.mkdir(exist_ok=True)
   log = tmp_path / "calls.log"
   env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", TMPDIR=str(scratch),
              CALL_LOG=str(log), FAKE_PYTEST_RC=str(pytest_rc))
   proc = subprocess.run(["bash", str(REPO / ".ci" / "run")], env=env, capture_output=True,
                         text=True, timeout=60)
-  return proc, scratch
+  return proc
 
 
 @pytest.mark.parametrize("pytest_rc", [0, 1])
 def test_ci_run_removes_its_environments(tmp_path, pytest_rc):
-  proc, scratch = _run_ci(tmp_path, pytest_rc)
+  scratch = tmp_path / "tmp"
+  proc = _run_ci(tmp_path, pytest_rc)
   calls = (tmp_path / "calls.log").read_text()
   assert "python -m pytest" in calls, proc.stderr  # it really ran the suite
   assert (proc.returncode == 0) == (pytest_rc == 0), proc.stderr  # a failure still fails CI
   assert list(scratch.iterdir()) == []  # and neither environment is left behind
+
+
+def test_ci_run_drops_the_first_environment_before_the_second(tmp_path):
+  proc = _run_ci(tmp_path, 0)
+  assert proc.returncode == 0, proc.stderr
+  made = [line for line in (tmp_path / "calls.log").read_text().splitlines()
+          if line.startswith("venv ")]
+  assert made == ["venv venv beside: ", "venv venv-tpu beside: "]  # peak disk: one environment
+
+
+def test_ci_run_removes_what_a_killed_run_left(tmp_path):
+  scratch = tmp_path / "tmp"
+  stale, recent, other = (scratch / n for n in ("bert-jax-ci.old111", "bert-jax-ci.new222",
+                                                 "tmp.someone"))
+  for d in (stale, recent, other):
+    (d / "venv").mkdir(parents=True)
+  four_hours_ago = time.time() - 4 * 3600
+  os.utime(stale, (four_hours_ago, four_hours_ago))
+  os.utime(other, (four_hours_ago, four_hours_ago))
+  proc = _run_ci(tmp_path, 0)
+  assert proc.returncode == 0, proc.stderr
+  assert not stale.exists()  # a killed run's leftover (over 3 h old) goes
+  assert recent.exists() and other.exists()  # a run that may be live, and others' files, stay
