@@ -103,6 +103,10 @@ def _model() -> ml_collections.ConfigDict:
   # Float32 attention dots on XLA:CPU: 'canonical' (batch and head axes first, the
   # contraction last; faster there) or 'xla' (XLA picks). Same values either way.
   c.cpu_attention_layout = "canonical"
+  # The attention core: 'einsum' (the model's dots, with attention dropout), 'jax'
+  # (jax.nn.dot_product_attention, XLA) or 'cudnn' (its cuDNN fused kernel, NVIDIA GPUs).
+  # The last two have no attention dropout: set attention_dropout_rate=0 with them.
+  c.attention_kernel = "einsum"
   return c
 
 

@@ -171,6 +171,17 @@ def test_bfloat16_is_close_to_float32(ckpt, extractor):
   assert np.abs(a - b).max() > 0  # really computed in bfloat16
 
 
+def test_attention_kernel_jax_gives_the_same_features(ckpt, extractor):
+  fused = features.Extractor(ckpt[1], CONFIG, extractor.tokenizer, max_length=16,
+                             batch_size=8, attention_kernel="jax")
+  assert fused.config.attention_kernel == "jax"
+  a = fused.extract(SHORT, layers=LAYERS, pooling="none")
+  b = extractor.extract(SHORT, layers=LAYERS, pooling="none")
+  assert len(a.hidden_TxYxD) == len(SHORT)
+  for x, y in zip(a.hidden_TxYxD, b.hidden_TxYxD):
+    np.testing.assert_allclose(x, y, atol=1e-5)
+
+
 def test_truncation_is_counted_and_warned_once(extractor, capfd):
   texts = ["the cat " * 40, "a dog", "the mat\t" + "bird " * 70, "sky"]
   capfd.readouterr()
@@ -295,6 +306,8 @@ BAD = {
     "bad layers": ({"--layers": "last"}, {}, ["--layers", "integers"]),
     "unknown pooling": ({"--pooling": "max"}, {}, ["--pooling", "cls, mean, pooler, none"]),
     "unknown dtype": ({"--dtype": "float16"}, {}, ["--dtype", "bfloat16"]),
+    "unknown attention kernel": ({"--attention_kernel": "flash"}, {},
+                                 ["--attention_kernel", "einsum, jax, cudnn"]),
     "missing output directory": ({"--output": "{tmp}/nodir/out.npy"}, {},
                                  ["nodir", "does not exist"]),
     "max_length above positions": ({"--max_length": "65"}, {},

@@ -157,6 +157,66 @@ def test_cpu_attention_layouts_give_the_same_outputs_and_gradients():
     np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
 
 
+NO_ATTENTION_DROPOUT = BertConfig(**{**SMALL.to_dict(), "attention_dropout_rate": 0.0})
+
+
+def _loss_and_grads(config, params, mask):
+  ids = jnp.arange(32, dtype=jnp.int32).reshape(2, 16) + 5
+  pos = jnp.ones((2, 3), jnp.int32)
+
+  def loss(p):
+    out = BertForPreTraining(config).apply({"params": p}, ids, ids * 0, mask, pos,
+                                           deterministic=False,
+                                           rngs={"dropout": jax.random.key(4)})
+    return jnp.sum(out.mlm_logits_BxPxV[..., :300] ** 2) + jnp.sum(out.nsp_logits_Bx2), out
+  return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+
+def _assert_same_model(config_a, config_b, atol=1e-5, rtol=1e-4):
+  """Same parameters, same training-mode outputs and gradients (a padded row included)."""
+  params = _init(config_a)
+  mask = jnp.ones((2, 16), jnp.int32).at[1, 11:].set(0)
+  (la, a), ga = _loss_and_grads(config_a, params, mask)
+  (lb, b), gb = _loss_and_grads(config_b, params, mask)
+  real = mask[..., None] > 0  # padded positions' outputs are never read
+  np.testing.assert_allclose(np.where(real, a.encoder.sequence_BxLxD, 0),
+                             np.where(real, b.encoder.sequence_BxLxD, 0), atol=atol)
+  np.testing.assert_allclose(la, lb, rtol=rtol)
+  for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", [("float32", 1e-5, 1e-4), ("bfloat16", 2e-2, 5e-2)])
+def test_attention_kernel_jax_computes_what_einsum_does(dtype, atol, rtol):
+  einsum = BertConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "dtype": dtype})
+  fused = BertConfig(**{**einsum.to_dict(), "attention_kernel": "jax"}).validate()
+  _assert_same_model(einsum, fused, atol, rtol)
+
+
+def test_attention_kernel_cudnn_passes_padding_as_key_lengths(monkeypatch):
+  # No GPU here: run the model's cuDNN call through the XLA implementation, which takes
+  # the same arguments, to check what the model passes (key lengths, scale 1).
+  from bert_jax.model import precision
+  calls = []
+  real = jax.nn.dot_product_attention
+
+  def as_xla(*args, implementation=None, **kwargs):
+    calls.append((implementation, sorted(kwargs)))
+    return real(*args, implementation="xla", **kwargs)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", as_xla)
+  monkeypatch.setattr(precision, "target_backend", lambda: "gpu")
+  cudnn = BertConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "attention_kernel": "cudnn"})
+  _assert_same_model(NO_ATTENTION_DROPOUT, cudnn)
+  assert calls and all(c == ("cudnn", ["key_value_seq_lengths", "scale"]) for c in calls), calls
+
+
+def test_attention_kernel_cudnn_off_a_gpu_is_one_config_error():
+  cudnn = BertConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "attention_kernel": "cudnn"})
+  with pytest.raises(ConfigError, match="attention_kernel='cudnn' needs an NVIDIA GPU"):
+    _init(cudnn)
+
+
 @pytest.mark.parametrize("change, field", [
     ({"hidden_size": 30}, "num_heads"),
     ({"num_layers": 0}, "num_layers"),
@@ -164,6 +224,8 @@ def test_cpu_attention_layouts_give_the_same_outputs_and_gradients():
     ({"dtype": "float64"}, "dtype"),
     ({"dropout_rng": "philox"}, "dropout_rng"),
     ({"cpu_attention_layout": "nhwc"}, "cpu_attention_layout"),
+    ({"attention_kernel": "flash"}, "attention_kernel"),
+    ({"attention_kernel": "jax"}, "attention_dropout_rate"),  # it has no attention dropout
 ])
 def test_impossible_model_config_names_the_field(change, field):
   with pytest.raises(ConfigError, match=field):

@@ -33,6 +33,7 @@ from bert_jax.dist import host_malloc
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.features.extract import DTYPES, POOLINGS, Extractor, Features
 from bert_jax.data.tokenizer import CLS, SEP
+from bert_jax.model.config import ATTENTION_KERNELS
 
 
 class InputFileError(BertJaxError):
@@ -143,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--batch_size", type=int, default=32,
                  help="rounded up to a multiple of the device count")
   p.add_argument("--dtype", default="float32", help=f"compute dtype: {', '.join(DTYPES)}")
+  p.add_argument("--attention_kernel", default="einsum",
+                 help=f"attention core: {', '.join(ATTENTION_KERNELS)} (default einsum; "
+                 "cudnn: cuDNN's fused attention, NVIDIA GPUs only)")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
   p.add_argument("--expect_config", default="",
                  help="e.g. num_layers=12,hidden_size=768: fail unless the checkpoint matches")
@@ -155,6 +159,9 @@ def run(args: argparse.Namespace) -> Features:
     raise ConfigError(f"--pooling={args.pooling!r}: expected one of {', '.join(POOLINGS)}")
   if args.dtype not in DTYPES:
     raise ConfigError(f"--dtype={args.dtype!r}: expected one of {', '.join(DTYPES)}")
+  if args.attention_kernel not in ATTENTION_KERNELS:
+    raise ConfigError(f"--attention_kernel={args.attention_kernel!r}: expected one of "
+                      f"{', '.join(ATTENTION_KERNELS)}")
   layers = common.parse_layers(args.layers)
   ext = os.path.splitext(args.output)[1].lower()
   if ext not in (".npy", ".npz"):
@@ -174,7 +181,8 @@ def run(args: argparse.Namespace) -> Features:
   texts = read_inputs(args.input)
   ex = Extractor.from_checkpoint(args.checkpoint, step=args.step, dtype=args.dtype,
                                  max_length=args.max_length, batch_size=args.batch_size,
-                                 expect_config=expect)
+                                 expect_config=expect,
+                                 attention_kernel=args.attention_kernel)
   feats = ex.extract(texts, layers=layers, pooling=args.pooling)
   write_features(args.output, feats)
   return feats

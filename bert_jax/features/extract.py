@@ -197,13 +197,14 @@ class Extractor:
   def __init__(self, params: Any, config: BertConfig, tokenizer: Tokenizer, *,
                dtype: str = "float32", max_length: Optional[int] = None,
                batch_size: int = 32, devices: Optional[Sequence[Any]] = None,
-               mesh: Optional[Mesh] = None):
+               mesh: Optional[Mesh] = None, attention_kernel: str = "einsum"):
     """`params` is the BertModel tree (a pre-training tree's params["bert"]).
 
     `batch_size` is rounded up to a multiple of the data-parallel device count.
     With `mesh` (a training run's, over every process's devices) the parameters
     stay as they are sharded there (replicated or FSDP), every process passes
     the same inputs, and every process gets every feature (multi-host probes).
+    `attention_kernel` is BertConfig's ('cudnn': cuDNN's fused attention on a GPU).
     """
     if dtype not in DTYPES:
       raise ConfigError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -231,7 +232,8 @@ class Extractor:
     self.tokenizer = tokenizer
     # Inference: no dropout, no rematerialisation; parameters stay float32.
     self.config = dataclasses.replace(config, dtype=dtype, dropout_rate=0.0,
-                                      attention_dropout_rate=0.0, remat=False)
+                                      attention_dropout_rate=0.0, remat=False,
+                                      attention_kernel=attention_kernel).validate()
     self._model = BertModel(self.config)
     self._replicated = sharding.replicated(self.mesh)
     self._batch_sharding = sharding.batch_sharding(self.mesh)
@@ -245,7 +247,8 @@ class Extractor:
   def from_checkpoint(cls, path: str, step: Optional[int] = None, dtype: str = "float32",
                       max_length: Optional[int] = None, batch_size: int = 32,
                       expect_config: Optional[Mapping[str, Any]] = None,
-                      devices: Optional[Sequence[Any]] = None) -> Extractor:
+                      devices: Optional[Sequence[Any]] = None,
+                      attention_kernel: str = "einsum") -> Extractor:
     """Restores params (never the optimizer state) of a workdir, checkpoints/ or step dir.
 
     `expect_config` (e.g. {"num_layers": 12}) must match the checkpoint's
@@ -254,7 +257,7 @@ class Extractor:
     devices = list(jax.devices() if devices is None else devices)
     params, config, tokenizer, _ = restore.load_checkpoint(path, step, expect_config, devices)
     return cls(params, config, tokenizer, dtype=dtype, max_length=max_length,
-               batch_size=batch_size, devices=devices)
+               batch_size=batch_size, devices=devices, attention_kernel=attention_kernel)
 
   def set_params(self, params: Any) -> None:
     """New parameters of the same shapes (e.g. a training run's current ones).

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.errors import ConfigError
 from bert_jax.model import precision
 from bert_jax.model.config import BertConfig
 
@@ -205,6 +206,27 @@ class Embeddings(nn.Module):
                             op_dtype=c.compute_dtype)
 
 
+def fused_attention(kernel: str, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL):
+  """softmax(q k^T + bias) v by jax.nn.dot_product_attention (q already scaled).
+
+  Scores and softmax in float32 there too, probabilities in v's dtype. 'cudnn' takes
+  the padding as key lengths (cuDNN's padding mask, which skips padded blocks) rather
+  than as a bias, so the mask must be a prefix, as bert-jax's right-padded inputs are.
+  """
+  if kernel == "jax":
+    return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
+                                        bias=bias_Bx1x1xL.astype(q_BxLxHxK.dtype), scale=1.0,
+                                        implementation="xla")
+  backend = precision.target_backend()
+  if backend != "gpu":
+    raise ConfigError(f"config.model.attention_kernel='cudnn' needs an NVIDIA GPU, but this "
+                      f"program is compiled for {backend}; expected 'einsum' or 'jax' there")
+  kv_lengths_B = (bias_Bx1x1xL[:, 0, 0, :] == 0).sum(axis=-1).astype(jnp.int32)
+  return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=1.0,
+                                      key_value_seq_lengths=kv_lengths_B,
+                                      implementation="cudnn")
+
+
 class SelfAttention(nn.Module):
   config: BertConfig
 
@@ -221,16 +243,25 @@ class SelfAttention(nn.Module):
     k_BxLxHxK = proj(name="key")(x_BxLxD).astype(cd)
     v_BxLxHxK = proj(name="value")(x_BxLxD).astype(cd)
     q_BxLxHxK = q_BxLxHxK / jnp.sqrt(head_dim).astype(cd)
+    if c.attention_kernel != "einsum":  # no attention dropout (BertConfig.validate)
+      o_BxLxHxK = fused_attention(c.attention_kernel, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
+                                  bias_Bx1x1xL)
+    else:
+      o_BxLxHxK = self._attend(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, deterministic)
+    return nn.DenseGeneral(
+        c.hidden_size, axis=(-2, -1), **dense_kw(c),
+        kernel_init=normal_init(c, ("heads", "kv", "embed")),
+        bias_init=zeros_init(("embed",)), name="output")(o_BxLxHxK).astype(cd)
+
+  def _attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, deterministic: bool):
+    c = self.config
+    cd = c.compute_dtype
     # Scores and softmax in float32, as the reference does.
     s_BxHxLxL = _einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK, jnp.float32)
     p_BxHxLxL = jax.nn.softmax(s_BxHxLxL + bias_Bx1x1xL, axis=-1)
     p_BxHxLxL = Dropout(c.attention_dropout_rate, c.dropout_rng)(
         p_BxHxLxL, deterministic=deterministic).astype(cd)
-    o_BxLxHxK = _einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK, None if not c.mixed else cd)
-    return nn.DenseGeneral(
-        c.hidden_size, axis=(-2, -1), **dense_kw(c),
-        kernel_init=normal_init(c, ("heads", "kv", "embed")),
-        bias_init=zeros_init(("embed",)), name="output")(o_BxLxHxK).astype(cd)
+    return _einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK, None if not c.mixed else cd)
 
 
 class TransformerLayer(nn.Module):

@@ -12,6 +12,7 @@ from bert_jax.errors import ConfigError
 _DTYPES = ("float32", "bfloat16", "float16")
 _DROPOUT_RNGS = ("hash", "threefry", "rbg", "unsafe_rbg")
 _CPU_ATTENTION_LAYOUTS = ("canonical", "xla")
+ATTENTION_KERNELS = ("einsum", "jax", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,12 @@ class BertConfig:
   # (bert_jax.model.precision, as the mixed-precision dots always are); 'xla' leaves
   # the layout to XLA. Same values; TPU and GPU always leave it to the compiler.
   cpu_attention_layout: str = "canonical"
+  # The attention core (scores, softmax, context): 'einsum', the model's own dots
+  # with dropout on the probabilities (the reference); 'jax', jax.nn.dot_product_attention
+  # as XLA compiles it; 'cudnn', the same with cuDNN's fused kernel (NVIDIA GPUs; padding
+  # as key lengths, so masks must be right-padded, as every bert-jax input is). Neither
+  # of the last two has attention dropout: they need attention_dropout_rate=0.
+  attention_kernel: str = "einsum"
 
   @property
   def padded_vocab_size(self) -> int:
@@ -81,6 +88,15 @@ class BertConfig:
     if self.cpu_attention_layout not in _CPU_ATTENTION_LAYOUTS:
       raise ConfigError(f"config.model.cpu_attention_layout={self.cpu_attention_layout!r}: "
                         f"expected one of {sorted(_CPU_ATTENTION_LAYOUTS)}")
+    if self.attention_kernel not in ATTENTION_KERNELS:
+      raise ConfigError(f"config.model.attention_kernel={self.attention_kernel!r}: "
+                        f"expected one of {sorted(ATTENTION_KERNELS)}")
+    if self.attention_kernel != "einsum" and self.attention_dropout_rate:
+      raise ConfigError(
+          f"config.model.attention_kernel={self.attention_kernel!r} applies no dropout to "
+          f"attention probabilities, but config.model.attention_dropout_rate="
+          f"{self.attention_dropout_rate}; expected attention_dropout_rate=0 with it, or "
+          "attention_kernel='einsum'")
     if self.dtype not in _DTYPES:
       hint = (" ('auto' must be resolved first: bert_jax.model.precision.resolve_dtype)"
               if self.dtype == "auto" else "")

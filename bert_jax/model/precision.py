@@ -170,9 +170,14 @@ def target_platform(platform: Optional[str]):
     _TARGET.reset(token)
 
 
+def target_backend() -> str:
+  """'cpu', 'gpu' or 'tpu': the platform the program traced now is compiled for."""
+  return (_TARGET.get() or jax.default_backend()).lower()
+
+
 def cpu_layout() -> bool:
   """True when the dots traced now are for XLA CPU (canonical layout and barriers)."""
-  return (_TARGET.get() or jax.default_backend()).lower() == "cpu"
+  return target_backend() == "cpu"
 
 
 def _plain(lhs: str, rhs: str, out: str, a, b, op_dtype, for_cpu: bool = True):
