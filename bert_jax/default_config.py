@@ -96,6 +96,9 @@ def _model() -> ml_collections.ConfigDict:
   # or 'float32' | 'bfloat16' | 'float16'. Params, LayerNorm, softmax, loss: float32.
   c.dtype = "auto"  # compute dtype: auto | float32 | bfloat16 | float16
   c.remat = False  # recompute activations in the backward pass (less memory, more time)
+  # With remat: 'full' keeps only each layer's input; 'save_dots' also keeps its six
+  # weight-matmul outputs and recomputes only attention scores/softmax and elementwise work.
+  c.remat_policy = "full"
   # Dropout's random bits: 'hash' (a keyed counter hash, cheap), 'threefry'
   # (JAX's default generator), or 'rbg' / 'unsafe_rbg' (XLA's RngBitGenerator).
   # Same keep probability either way.

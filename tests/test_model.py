@@ -81,6 +81,42 @@ def test_remat_gives_the_same_outputs():
   np.testing.assert_allclose(a.mlm_logits_BxPxV, b.mlm_logits_BxPxV, atol=1e-6)
 
 
+def _saved(config):
+  """(names of the named residuals, bytes of all non-argument residuals) of a training grad."""
+  from jax._src.ad_checkpoint import saved_residuals  # jax's own print_saved_residuals uses it
+  params = _init(config, length=64)
+  ids = jnp.arange(128, dtype=jnp.int32).reshape(2, 64) % 290 + 5
+  pos = jnp.ones((2, 3), jnp.int32)
+
+  def loss(p):
+    out = BertForPreTraining(config).apply({"params": p}, ids, ids * 0, ids * 0 + 1, pos,
+                                           deterministic=False,
+                                           rngs={"dropout": jax.random.key(1)})
+    return jnp.sum(out.mlm_logits_BxPxV[..., :300] ** 2) + jnp.sum(out.nsp_logits_Bx2)
+  res = saved_residuals(loss, params)
+  names = sorted(w.split("'")[1] for _, w in res if w.startswith("named "))
+  nbytes = sum(a.size * a.dtype.itemsize for a, w in res if "argument" not in w)
+  return names, nbytes
+
+
+def test_remat_policies_keep_what_they_name():
+  from bert_jax.model.bert import MATMUL_OUTPUTS
+  full = BertConfig(**{**SMALL.to_dict(), "remat": True})
+  dots = BertConfig(**{**full.to_dict(), "remat_policy": "save_dots"})
+  _, bytes_none = _saved(SMALL)
+  names_full, bytes_full = _saved(full)
+  names_dots, bytes_dots = _saved(dots)
+  assert names_full == []  # full: only each layer's input
+  assert names_dots == sorted(MATMUL_OUTPUTS * SMALL.num_layers)  # the six dots of each layer
+  assert bytes_full < bytes_dots < bytes_none  # and the memory sits between the two
+
+
+@pytest.mark.parametrize("policy", ["full", "save_dots"])
+def test_remat_policies_give_the_same_gradients(policy):
+  remat = BertConfig(**{**SMALL.to_dict(), "remat": True, "remat_policy": policy})
+  _assert_same_model(SMALL, remat)  # recomputation may sum in another order
+
+
 def test_hidden_states_cover_embeddings_and_every_layer():
   params = _init(SMALL, model_cls=BertModel)
   ids = jnp.full((2, 16), 7, jnp.int32)
@@ -225,6 +261,7 @@ def test_attention_kernel_cudnn_off_a_gpu_is_one_config_error():
     ({"dropout_rng": "philox"}, "dropout_rng"),
     ({"cpu_attention_layout": "nhwc"}, "cpu_attention_layout"),
     ({"attention_kernel": "flash"}, "attention_kernel"),
+    ({"remat_policy": "minimal"}, "remat_policy"),
     ({"attention_kernel": "jax"}, "attention_dropout_rate"),  # it has no attention dropout
 ])
 def test_impossible_model_config_names_the_field(change, field):

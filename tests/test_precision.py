@@ -117,9 +117,10 @@ def test_every_forward_dot_is_bf16_operands_with_f32_accumulation(remat):
   _assert_all_dots_mixed(jax.make_jaxpr(fwd)(params), N_FORWARD_DOTS)
 
 
-@pytest.mark.parametrize("remat", [False, True])
-def test_every_dot_of_the_pretraining_gradient_is_bf16_operands_with_f32_accumulation(remat):
-  config = BertConfig(**SMALL, dtype="bfloat16", remat=remat)
+@pytest.mark.parametrize("remat, policy", [(False, "full"), (True, "full"), (True, "save_dots")])
+def test_every_dot_of_the_pretraining_gradient_is_bf16_operands_with_f32_accumulation(
+    remat, policy):
+  config = BertConfig(**SMALL, dtype="bfloat16", remat=remat, remat_policy=policy)
   jaxpr = jax.make_jaxpr(jax.grad(_loss_fn(config)))(_params(config))
   _assert_all_dots_mixed(jaxpr, 3 * N_FORWARD_DOTS)  # forward + two gradient dots each
 

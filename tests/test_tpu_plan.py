@@ -4,6 +4,7 @@ The tests of the compiled TPU program need libtpu (pip install -r
 requirements-tpu.txt) and are skipped without it; the rest run anywhere.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -357,7 +358,19 @@ def test_search_finds_the_batch_and_the_fixes_that_fit(fake_planner):
   assert plan.max_per_device_batch == 5
   fixes = {f.field: f for f in plan.fixes}
   assert fixes["--config.train.grad_accum_steps=2"].note == "micro-batches of 4 per device"
-  assert set(fixes) >= {"--config.mesh.param_sharding=fsdp", "--config.model.remat=True"}
+  assert set(fixes) >= {
+      "--config.mesh.param_sharding=fsdp",
+      "--config.model.remat=True --config.model.remat_policy=save_dots",  # the cheaper remat
+      "--config.model.remat=True --config.model.remat_policy=full"}
+
+
+def test_with_remat_keeping_matmul_outputs_full_remat_is_the_fix_tried(fake_planner):
+  p, plan, failing = fake_planner
+  p.s = dataclasses.replace(p.s, model=dataclasses.replace(
+      p.s.model, remat=True, remat_policy="save_dots"))
+  plan_lib.search_fixes(p, plan, [failing])
+  remat = [f.field for f in plan.fixes if "remat" in f.field]
+  assert remat == ["--config.model.remat_policy=full"]
 
 
 def test_a_search_out_of_compiles_keeps_the_batch_it_saw_fit(fake_planner):

@@ -96,7 +96,7 @@ class StepPlan:
 @dataclasses.dataclass
 class Fix:
   """A change of the config that was compiled to see whether the train steps then fit."""
-  field: str  # '--config.train.grad_accum_steps=4'
+  field: str  # '--config.train.grad_accum_steps=4' (one change may set several fields)
   fits: bool
   total_bytes: int  # the largest total of the train steps with it
   note: str = ""
@@ -279,7 +279,7 @@ class Planner:
     return {"layers": c.num_layers, "hidden_size": c.hidden_size, "heads": c.num_heads,
             "intermediate_size": c.intermediate_size, "vocab_size": c.vocab_size,
             "padded_vocab_size": c.padded_vocab_size, "params": n, "dtype": c.dtype,
-            "remat": c.remat, "dropout_rng": c.dropout_rng,
+            "remat": c.remat, "remat_policy": c.remat_policy, "dropout_rng": c.dropout_rng,
             "param_sharding": self.s.mesh.param_sharding,
             "grad_accum_steps": self.s.train.grad_accum_steps,
             "batch_size": self.s.train.batch_size, "objective": self.s.objective}
@@ -368,30 +368,39 @@ def search_fixes(p: Planner, plan: Plan, failing: list, max_compiles: int = 12) 
 
   # Which single change makes the requested batch fit (each verified by compiling every
   # train step that did not fit).
-  def try_fix(field: str, value: Any, note: str = "") -> None:
-    s2 = _override(p.s, field, value)
+  def try_fix(changes: dict[str, Any], note: str = "") -> None:
+    """One change of one or more fields ('section.name': value)."""
+    s2 = p.s
+    for field, value in changes.items():
+      s2 = _override(s2, field, value)
+    flags = " ".join(f"--config.{field}={value}" for field, value in changes.items())
     try:
       p2 = Planner(s2, p.devices, p.vocab_size, p.memory_bytes, p.log)
       p2.check_batch(s2.train.batch_size)
     except ConfigError as e:
-      plan.fixes.append(Fix(f"--config.{field}={value}", False, 0, str(e)))
+      plan.fixes.append(Fix(flags, False, 0, str(e)))
       return
-    p.log(f"trying --config.{field}={value} ...")
+    p.log(f"trying {flags} ...")
     steps = [p2.compile_step("train", _phase(p2, st.phase)) for st in failing]
-    plan.fixes.append(Fix(f"--config.{field}={value}", all(st.fits for st in steps),
+    plan.fixes.append(Fix(flags, all(st.fits for st in steps),
                           max(st.total_bytes for st in steps), note))
 
   if p.s.mesh.param_sharding != "fsdp":
-    try_fix("mesh.param_sharding", "fsdp")
+    try_fix({"mesh.param_sharding": "fsdp"})
   if not p.s.model.remat:
-    try_fix("model.remat", True)
+    # Keeping the matmul outputs recomputes only cheap work: tried before full remat.
+    try_fix({"model.remat": True, "model.remat_policy": "save_dots"},
+            "recomputes only attention scores, softmax and elementwise work")
+    try_fix({"model.remat": True, "model.remat_policy": "full"})
+  elif p.s.model.remat_policy != "full":
+    try_fix({"model.remat_policy": "full"})
   per_device = worst.per_device_batch
   if plan.max_per_device_batch:
     # Micro-batches no larger than the largest batch that fits; the steps must divide evenly.
     want = -(-per_device // plan.max_per_device_batch)
     options = [a for a in range(want, per_device + 1) if per_device % a == 0]
     if options:
-      try_fix("train.grad_accum_steps", options[0],
+      try_fix({"train.grad_accum_steps": options[0]},
               f"micro-batches of {per_device // options[0]} per device")
 
 

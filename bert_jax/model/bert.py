@@ -15,6 +15,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.errors import ConfigError
 from bert_jax.model import precision
@@ -46,6 +47,17 @@ def zeros_init(names: tuple):
 
 def ones_init(names: tuple):
   return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
+
+
+# The six weight-matmul outputs of a layer, named for remat_policy='save_dots'.
+MATMUL_OUTPUTS = ("query", "key", "value", "attention_output", "intermediate", "output")
+
+
+def remat_policy(config: BertConfig):
+  """jax.checkpoint's policy for config.remat_policy (None: save nothing but the inputs)."""
+  if config.remat_policy == "save_dots":
+    return jax.checkpoint_policies.save_only_these_names(*MATMUL_OUTPUTS)
+  return None
 
 
 def dense_kw(config: BertConfig, dtype=None) -> dict:
@@ -239,19 +251,20 @@ class SelfAttention(nn.Module):
         nn.DenseGeneral, features=(c.num_heads, head_dim), **dense_kw(c),
         kernel_init=normal_init(c, ("embed", "heads", "kv")),
         bias_init=zeros_init(("heads", "kv")))
-    q_BxLxHxK = proj(name="query")(x_BxLxD).astype(cd)
-    k_BxLxHxK = proj(name="key")(x_BxLxD).astype(cd)
-    v_BxLxHxK = proj(name="value")(x_BxLxD).astype(cd)
+    q_BxLxHxK = checkpoint_name(proj(name="query")(x_BxLxD).astype(cd), "query")
+    k_BxLxHxK = checkpoint_name(proj(name="key")(x_BxLxD).astype(cd), "key")
+    v_BxLxHxK = checkpoint_name(proj(name="value")(x_BxLxD).astype(cd), "value")
     q_BxLxHxK = q_BxLxHxK / jnp.sqrt(head_dim).astype(cd)
     if c.attention_kernel != "einsum":  # no attention dropout (BertConfig.validate)
       o_BxLxHxK = fused_attention(c.attention_kernel, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
                                   bias_Bx1x1xL)
     else:
       o_BxLxHxK = self._attend(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, deterministic)
-    return nn.DenseGeneral(
+    return checkpoint_name(nn.DenseGeneral(
         c.hidden_size, axis=(-2, -1), **dense_kw(c),
         kernel_init=normal_init(c, ("heads", "kv", "embed")),
-        bias_init=zeros_init(("embed",)), name="output")(o_BxLxHxK).astype(cd)
+        bias_init=zeros_init(("embed",)), name="output")(o_BxLxHxK).astype(cd),
+        "attention_output")
 
   def _attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, deterministic: bool):
     c = self.config
@@ -278,11 +291,11 @@ class TransformerLayer(nn.Module):
     h_BxLxF = nn.Dense(c.intermediate_size, **dense_kw(c),
                        kernel_init=normal_init(c, ("embed", "mlp")),
                        bias_init=zeros_init(("mlp",)), name="intermediate")(x_BxLxD)
-    h_BxLxF = gelu(c, h_BxLxF.astype(c.compute_dtype))
+    h_BxLxF = gelu(c, checkpoint_name(h_BxLxF.astype(c.compute_dtype), "intermediate"))
     o_BxLxD = nn.Dense(c.hidden_size, **dense_kw(c),
                        kernel_init=normal_init(c, ("mlp", "embed")),
                        bias_init=zeros_init(("embed",)), name="output")(h_BxLxF)
-    o_BxLxD = o_BxLxD.astype(c.compute_dtype)
+    o_BxLxD = checkpoint_name(o_BxLxD.astype(c.compute_dtype), "output")
     return LayerNorm(c, name="output_LayerNorm")(
         x_BxLxD + drop(o_BxLxD, deterministic=deterministic))
 
@@ -294,7 +307,8 @@ class BertModel(nn.Module):
   def setup(self):
     c = self.config
     self.embeddings = Embeddings(c)
-    layer_cls = nn.remat(TransformerLayer, static_argnums=(3,)) if c.remat else TransformerLayer
+    layer_cls = (nn.remat(TransformerLayer, static_argnums=(3,), policy=remat_policy(c))
+                 if c.remat else TransformerLayer)
     self.layers = [layer_cls(c, name=f"layer_{i}") for i in range(c.num_layers)]
     self.pooler = nn.Dense(c.hidden_size, **dense_kw(c),
                            kernel_init=normal_init(c, ("embed", "mlp")),

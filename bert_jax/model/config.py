@@ -13,6 +13,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 _DROPOUT_RNGS = ("hash", "threefry", "rbg", "unsafe_rbg")
 _CPU_ATTENTION_LAYOUTS = ("canonical", "xla")
 ATTENTION_KERNELS = ("einsum", "jax", "cudnn")
+REMAT_POLICIES = ("full", "save_dots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,10 @@ class BertConfig:
   # resolve it first with bert_jax.model.precision.resolve_dtype.
   dtype: str = "float32"
   remat: bool = False
+  # What remat keeps of a layer for the backward pass: 'full' only its input (everything
+  # recomputed); 'save_dots' also the outputs of its six weight matmuls, so only the
+  # attention scores and softmax, GELU, LayerNorm and dropout are recomputed.
+  remat_policy: str = "full"
   # How dropout draws its random bits: 'hash' | 'threefry' | 'rbg' | 'unsafe_rbg'.
   dropout_rng: str = "hash"
   # Layout of the float32 attention dots (scores, context) compiled for XLA:CPU:
@@ -88,6 +93,9 @@ class BertConfig:
     if self.cpu_attention_layout not in _CPU_ATTENTION_LAYOUTS:
       raise ConfigError(f"config.model.cpu_attention_layout={self.cpu_attention_layout!r}: "
                         f"expected one of {sorted(_CPU_ATTENTION_LAYOUTS)}")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ConfigError(f"config.model.remat_policy={self.remat_policy!r}: expected one of "
+                        f"{sorted(REMAT_POLICIES)}")
     if self.attention_kernel not in ATTENTION_KERNELS:
       raise ConfigError(f"config.model.attention_kernel={self.attention_kernel!r}: "
                         f"expected one of {sorted(ATTENTION_KERNELS)}")
