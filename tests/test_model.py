@@ -229,6 +229,16 @@ def test_attention_kernel_jax_computes_what_einsum_does(dtype, atol, rtol):
   _assert_same_model(einsum, fused, atol, rtol)
 
 
+GPU = jax.default_backend() == "gpu"
+
+
+@pytest.mark.skipif(not GPU, reason="needs an NVIDIA GPU (run with JAX_PLATFORMS=cuda)")
+def test_attention_kernel_cudnn_on_a_gpu_computes_what_einsum_does():
+  einsum = BertConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "dtype": "bfloat16"})
+  cudnn = BertConfig(**{**einsum.to_dict(), "attention_kernel": "cudnn"}).validate()
+  _assert_same_model(einsum, cudnn, atol=2e-2, rtol=5e-2)
+
+
 def test_attention_kernel_cudnn_passes_padding_as_key_lengths(monkeypatch):
   # No GPU here: run the model's cuDNN call through the XLA implementation, which takes
   # the same arguments, to check what the model passes (key lengths, scale 1).
@@ -242,13 +252,16 @@ def test_attention_kernel_cudnn_passes_padding_as_key_lengths(monkeypatch):
 
   monkeypatch.setattr(jax.nn, "dot_product_attention", as_xla)
   monkeypatch.setattr(precision, "target_backend", lambda: "gpu")
+  # float32, which cuDNN refuses (BertConfig.validate) but the XLA stand-in runs: the
+  # bf16 dots of a GPU program do not run on XLA:CPU, and the arguments are the same.
   cudnn = BertConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "attention_kernel": "cudnn"})
   _assert_same_model(NO_ATTENTION_DROPOUT, cudnn)
   assert calls and all(c == ("cudnn", ["key_value_seq_lengths", "scale"]) for c in calls), calls
 
 
 def test_attention_kernel_cudnn_off_a_gpu_is_one_config_error():
-  cudnn = BertConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "attention_kernel": "cudnn"})
+  cudnn = BertConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "attention_kernel": "cudnn",
+                        "dtype": "bfloat16"})
   with pytest.raises(ConfigError, match="attention_kernel='cudnn' needs an NVIDIA GPU"):
     _init(cudnn)
 
@@ -263,6 +276,9 @@ def test_attention_kernel_cudnn_off_a_gpu_is_one_config_error():
     ({"attention_kernel": "flash"}, "attention_kernel"),
     ({"remat_policy": "minimal"}, "remat_policy"),
     ({"attention_kernel": "jax"}, "attention_dropout_rate"),  # it has no attention dropout
+    ({"attention_kernel": "cudnn", "attention_dropout_rate": 0.0}, "bfloat16 or float16"),
+    ({"attention_kernel": "cudnn", "attention_dropout_rate": 0.0, "dtype": "bfloat16",
+      "num_heads": 8}, "multiple of 8"),  # head size 32 / 8 = 4
 ])
 def test_impossible_model_config_names_the_field(change, field):
   with pytest.raises(ConfigError, match=field):

@@ -105,6 +105,14 @@ class BertConfig:
           f"attention probabilities, but config.model.attention_dropout_rate="
           f"{self.attention_dropout_rate}; expected attention_dropout_rate=0 with it, or "
           "attention_kernel='einsum'")
+    if self.attention_kernel == "cudnn" and self.dtype not in ("bfloat16", "float16"):
+      raise ConfigError(f"config.model.attention_kernel='cudnn' takes bfloat16 or float16 "
+                        f"inputs (cuDNN's fused attention), but config.model.dtype="
+                        f"{self.dtype!r}; expected dtype bfloat16 (or 'auto' on a GPU)")
+    if self.attention_kernel == "cudnn" and (self.hidden_size // self.num_heads) % 8:
+      raise ConfigError(f"config.model.attention_kernel='cudnn' needs a head size that is a "
+                        f"multiple of 8, but hidden_size/num_heads = "
+                        f"{self.hidden_size}/{self.num_heads}")
     if self.dtype not in _DTYPES:
       hint = (" ('auto' must be resolved first: bert_jax.model.precision.resolve_dtype)"
               if self.dtype == "auto" else "")
