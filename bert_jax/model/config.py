@@ -87,18 +87,13 @@ class BertConfig:
     for name in ("dropout_rate", "attention_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ConfigError(f"config.model.{name}={getattr(self, name)!r}: expected 0 <= rate < 1")
-    if self.dropout_rng not in _DROPOUT_RNGS:
-      raise ConfigError(f"config.model.dropout_rng={self.dropout_rng!r}: expected one of "
-                        f"{sorted(_DROPOUT_RNGS)}")
-    if self.cpu_attention_layout not in _CPU_ATTENTION_LAYOUTS:
-      raise ConfigError(f"config.model.cpu_attention_layout={self.cpu_attention_layout!r}: "
-                        f"expected one of {sorted(_CPU_ATTENTION_LAYOUTS)}")
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ConfigError(f"config.model.remat_policy={self.remat_policy!r}: expected one of "
-                        f"{sorted(REMAT_POLICIES)}")
-    if self.attention_kernel not in ATTENTION_KERNELS:
-      raise ConfigError(f"config.model.attention_kernel={self.attention_kernel!r}: "
-                        f"expected one of {sorted(ATTENTION_KERNELS)}")
+    for name, choices in (("dropout_rng", _DROPOUT_RNGS),
+                          ("cpu_attention_layout", _CPU_ATTENTION_LAYOUTS),
+                          ("remat_policy", REMAT_POLICIES),
+                          ("attention_kernel", ATTENTION_KERNELS)):
+      if getattr(self, name) not in choices:
+        raise ConfigError(f"config.model.{name}={getattr(self, name)!r}: expected one of "
+                          f"{sorted(choices)}")
     if self.attention_kernel != "einsum" and self.attention_dropout_rate:
       raise ConfigError(
           f"config.model.attention_kernel={self.attention_kernel!r} applies no dropout to "
