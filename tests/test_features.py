@@ -308,6 +308,8 @@ BAD = {
     "unknown dtype": ({"--dtype": "float16"}, {}, ["--dtype", "bfloat16"]),
     "unknown attention kernel": ({"--attention_kernel": "flash"}, {},
                                  ["--attention_kernel", "einsum, jax, cudnn"]),
+    "cudnn in float32": ({"--attention_kernel": "cudnn"}, {},
+                         ["--attention_kernel=cudnn", "--dtype bfloat16"]),
     "missing output directory": ({"--output": "{tmp}/nodir/out.npy"}, {},
                                  ["nodir", "does not exist"]),
     "max_length above positions": ({"--max_length": "65"}, {},

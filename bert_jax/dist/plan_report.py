@@ -47,7 +47,8 @@ def format_plan(plan: Plan) -> str:
            f"model: {m['layers']} layers, hidden {m['hidden_size']}, vocab {m['vocab_size']} "
            f"(padded {m['padded_vocab_size']}) -> {m['params'] / 1e6:.1f}M params; "
            f"{m['dtype']}{' mixed' if m['dtype'] != 'float32' else ''}, remat "
-           f"{m.get('remat_policy', 'full') if m['remat'] else 'off'}, dropout {m['dropout_rng']}; batch "
+           f"{m.get('remat_policy', 'full') if m['remat'] else 'off'}, "
+           f"dropout {m['dropout_rng']}; batch "
            f"{m['batch_size']}, grad accum {m['grad_accum_steps']}; mesh {plan.mesh}, params "
            f"{m['param_sharding']}",
            "",

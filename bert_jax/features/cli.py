@@ -162,6 +162,9 @@ def run(args: argparse.Namespace) -> Features:
   if args.attention_kernel not in ATTENTION_KERNELS:
     raise ConfigError(f"--attention_kernel={args.attention_kernel!r}: expected one of "
                       f"{', '.join(ATTENTION_KERNELS)}")
+  if args.attention_kernel == "cudnn" and args.dtype == "float32":
+    raise ConfigError("--attention_kernel=cudnn with --dtype float32: cuDNN's fused attention "
+                      "takes bfloat16; expected --dtype bfloat16")
   layers = common.parse_layers(args.layers)
   ext = os.path.splitext(args.output)[1].lower()
   if ext not in (".npy", ".npz"):
