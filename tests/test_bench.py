@@ -221,6 +221,89 @@ def test_bf16_peers_run_where_bf16_dots_are_native_and_masked_heads_only_on_trai
   assert not any(d == "bfloat16" and i != "ours" for _, i, d in emulated)
 
 
+def test_hf_flax_runs_in_bf16_where_bf16_dots_are_native():
+  # Its strongest configuration there: the model's dtype=bfloat16, as a skilled user sets it.
+  from tools import cases
+  jobs = bench.plan([cases.find("train_small_128")], bench.IMPLS, bf16=True)
+  assert {j.dtype for j in jobs if j.impl in ("hf_flax", "hf_flax_masked")} == {
+      "float32", "bfloat16"}
+
+
+def test_dtypes_keeps_only_the_rows_of_those_dtypes():
+  # A GPU lease fits the bf16 rows, not every row twice.
+  from tools import cases
+  cases_ = [cases.find("train_base_128"), cases.find("features_base_128"), cases.find("prepare")]
+  jobs = bench.plan(cases_, bench.IMPLS, bf16=True, dtypes=("bfloat16",))
+  assert {j.dtype for j in jobs} == {"bfloat16", ""}  # "": data preparation has no dtype
+  assert {j.impl for j in jobs if j.dtype} == set(bench.IMPLS)
+  assert bench.main(["--cases", "train_tiny_128", "--dtypes", "bf16"]) == 2
+
+
+def _mini_run(tmp_path, monkeypatch, out, *extra):
+  mini = bench.ModelSize(2, 64, 2, 128, 1000, "float32")
+  monkeypatch.setattr(bench, "model_sizes", lambda: {"tiny": mini, "small": mini, "base": mini})
+  return bench.main(["--quick", "--in-process", "--cases", "features_base_128", "--steps", "1",
+                     "--warmup", "0", "--peak-n", "128", "--out", str(out),
+                     "--md", str(tmp_path / "run.md"), *extra])
+
+
+def test_a_run_cut_short_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+  # As on a device lease that ends mid-run: every finished row is already on disk.
+  real = bench.run_job
+
+  def run_job(job, *args):
+    if job.impl != "ours":
+      raise KeyboardInterrupt  # the lease ends during the peer's row
+    return real(job, *args)
+
+  monkeypatch.setattr(bench, "run_job", run_job)
+  out = tmp_path / "r.json"
+  with pytest.raises(KeyboardInterrupt):
+    _mini_run(tmp_path, monkeypatch, out, "--impls", "ours,hf_torch")
+  saved = json.loads(out.read_text())
+  assert saved["partial"] and [r["impl"] for r in saved["rows"]] == ["ours"]
+  assert "PARTIAL run" in bench.markdown(saved)
+
+
+def test_from_json_merges_two_runs_into_one_table_with_ratios(tmp_path, monkeypatch, capsys):
+  a, b = tmp_path / "a.json", tmp_path / "b.json"
+  assert _mini_run(tmp_path, monkeypatch, a, "--impls", "ours") == 0
+  assert _mini_run(tmp_path, monkeypatch, b, "--impls", "ours,hf_torch", "--dtypes",
+                   "float32") == 0
+  run_b = json.loads(b.read_text())
+  run_b["rows"] = [r for r in run_b["rows"] if r["impl"] == "hf_torch"]
+  b.write_text(json.dumps(run_b))
+  readme = tmp_path / "performance.md"
+  readme.write_text(GUIDE)
+  md = tmp_path / "merged.md"
+  assert bench.main(["--from-json", f"{a},{b}", "--md", str(md), "--readme",
+                     "--readme-path", str(readme), "--out", str(tmp_path / "unused.json")]) == 0
+  assert not (tmp_path / "unused.json").exists()  # nothing ran, nothing measured to save
+  table = md.read_text()
+  assert table in readme.read_text() and "PARTIAL" not in table
+  ours = json.loads(a.read_text())["rows"][0]
+  ratio = ours["tokens_per_s"] / run_b["rows"][0]["tokens_per_s"]
+  ours_line = next(line for line in table.splitlines() if line.startswith(
+      "| features_base_128 | bert-jax"))
+  assert ours_line.rstrip(" |").endswith(f"{ratio:.2f}")
+  assert f"; python -m tools.bench" in table  # both commands are named
+
+
+@pytest.mark.parametrize("bad", ["not json", '{"no": "rows"}', "other machine"])
+def test_from_json_rejects_what_it_cannot_merge_in_one_line(tmp_path, monkeypatch, capsys, bad):
+  a, b = tmp_path / "a.json", tmp_path / "b.json"
+  assert _mini_run(tmp_path, monkeypatch, a, "--impls", "ours") == 0
+  other = json.loads(a.read_text())
+  other["machine"]["gpu"] = "NVIDIA H100"
+  b.write_text(json.dumps(other) if bad == "other machine" else bad)
+  md = tmp_path / "m.md"
+  capsys.readouterr()
+  assert bench.main(["--from-json", f"{a},{b}", "--md", str(md)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: ") and "\n" not in err and not md.exists()
+  assert str(b) in err or "different machines" in err
+
+
 def test_a_config_dtype_of_auto_runs_as_the_trainer_resolves_it():
   """BERT-Base's config says 'auto': the bench runs it as bfloat16 where bf16 dots are
   native and as float32 elsewhere, never as a dtype named 'auto' (its worker failed)."""

@@ -58,6 +58,7 @@ IMPLS = ("ours", "hf_flax", "hf_torch", "hf_flax_masked", "hf_torch_masked", "hf
 # (--impls), as on a GPU, where it is the second PyTorch row.
 DEFAULT_IMPLS = IMPLS[:-1]
 PEERS = IMPLS[1:]
+DTYPES = ("float32", "bfloat16")
 IMPL_NAMES = {"ours": "bert-jax", "hf_flax": "HF Flax", "hf_torch": "HF PyTorch",
               "hf_flax_masked": "HF Flax, masked head", "hf_torch_masked": "HF PyTorch, masked head",
               "hf_torch_compiled": "HF PyTorch, torch.compile"}
@@ -244,17 +245,25 @@ def config_dtype(size: ModelSize, bf16: bool) -> str:
 
 
 def plan(cases: Sequence[Case], impls: Sequence[str], all_dtypes: bool = False,
-         bf16: Optional[bool] = None) -> list[Job]:
+         bf16: Optional[bool] = None, dtypes: Sequence[str] = DTYPES) -> list[Job]:
   """Every (case, impl, dtype) to run.
 
   Everybody runs in float32 (the peers' default); masked-head peers only on
   train cases. Ours also runs in its config's dtype where that differs
   (BERT-Base: bfloat16) on the mixed precision case, train_base_128, or on
   every case with `all_dtypes`. Where bf16 dots are native (`bf16`, default:
-  `native_bf16()`), ours and the PyTorch peers also run in bfloat16 on every
-  case (PyTorch under `torch.autocast`): the peer a skilled user would pick
-  there. Without it the full run must fit in 25 minutes on 2 cores.
+  `native_bf16()`), ours and every peer also run in bfloat16 on every case
+  (PyTorch under `torch.autocast`, HF Flax with `dtype=bfloat16`): the peer a
+  skilled user would pick there. Without it the full run must fit in 25
+  minutes on 2 cores. `dtypes` keeps the jobs of those dtypes only (a GPU run:
+  bfloat16, to fit a short lease).
   """
+  return [j for j in _plan_all(cases, impls, all_dtypes, bf16)
+          if j.dtype in dtypes or not j.dtype]
+
+
+def _plan_all(cases: Sequence[Case], impls: Sequence[str], all_dtypes: bool,
+              bf16: Optional[bool]) -> list[Job]:
   bf16 = native_bf16() if bf16 is None else bf16
   jobs = []
   sizes = model_sizes()
@@ -269,7 +278,7 @@ def plan(cases: Sequence[Case], impls: Sequence[str], all_dtypes: bool = False,
       if impl == "ours" and (bf16 or default != "float32" and (
           all_dtypes or case.name == "train_base_128")):
         jobs.append(Job(case.name, impl, "bfloat16" if bf16 else default, case.batch))
-      elif bf16 and impl.startswith("hf_torch"):
+      elif bf16 and impl != "ours":
         jobs.append(Job(case.name, impl, "bfloat16", case.batch))
       jobs.append(Job(case.name, impl, "float32", case.batch))
   return jobs
@@ -390,7 +399,8 @@ def markdown(result: dict) -> str:
   lines += [
       "",
       f"Machine: {m['cpu']}, {m['cores']} cores, GPU: {m['gpu'] or 'none'}. "
-      "PyTorch bfloat16 rows run under `torch.autocast`; a masked head computes the MLM "
+      "PyTorch bfloat16 rows run under `torch.autocast`, HF Flax ones with "
+      "`dtype=bfloat16`; a masked head computes the MLM "
       "logits on the masked positions only (ours always does). "
       "Matmul peak: a jitted `jnp.dot` (jax rows) or `torch.mm` (PyTorch rows) of two "
       f"{result['peak_n']}² matrices in the row's dtype, median of 10, timed in the row's "
@@ -409,7 +419,41 @@ def markdown(result: dict) -> str:
            else "") + " (`--malloc`: huge-pages, system, retain, jemalloc, tcmalloc)."]
   for impl, why in result.get("skipped", {}).items():
     lines.append(f"Skipped {IMPL_NAMES.get(impl, impl)}: {why}.")
+  if result.get("partial"):
+    lines.append(f"PARTIAL run: it stopped after these {len(rows)} rows; the rest of "
+                 "the plan was not measured.")
   return "\n".join(lines) + "\n"
+
+
+def merge(results: Sequence[dict], names: Sequence[str] = ()) -> dict:
+  """Several runs' results (say, two device calls) as one: the rows in order, ratios
+  over all of them. They must come from one machine."""
+  machines = {(r["machine"]["cpu"], r["machine"]["gpu"]) for r in results}
+  if len(machines) != 1:
+    raise ConfigError(f"{', '.join(names) or 'results'}: from different machines "
+                      f"{sorted(machines, key=str)}; expected one")
+  rows = [dict(row) for r in results for row in r["rows"]]
+  add_ratios(rows)
+  return {**results[-1], "rows": rows,
+          "peak_n": next((r["peak_n"] for r in results if r.get("peak_n")), None),
+          "partial": any(r.get("partial") for r in results),
+          "skipped": {k: v for r in results for k, v in r.get("skipped", {}).items()},
+          "command": " ; ".join(r["command"] for r in results)}
+
+
+def load_results(paths: Sequence[str]) -> dict:
+  """The results JSON files `paths` (as `--out` wrote them), merged."""
+  results = []
+  for path in paths:
+    try:
+      with open(path) as f:
+        results.append(json.load(f))
+    except ValueError as e:
+      raise ConfigError(f"{path}: not a results JSON written by tools.bench ({e})") from e
+    if not isinstance(results[-1], dict) or "rows" not in results[-1]:
+      raise ConfigError(f"{path}: expected a results JSON written by tools.bench "
+                        "(an object with 'rows')")
+  return merge(results, paths)
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -429,14 +473,18 @@ def run_benchmark(cases: Sequence[Case], impls: Sequence[str], quick: bool, warm
                   steps: int, in_process: bool = False, timeout: float = 1800,
                   command: str = "", log: Callable[[str], None] = print,
                   peak_n: int = 0, all_dtypes: bool = False,
-                  malloc: str = "huge-pages") -> dict:
-  """Runs every job (each in a worker process unless `in_process`) and derives metrics."""
+                  malloc: str = "huge-pages", dtypes: Sequence[str] = DTYPES,
+                  on_row: Callable[[dict], None] = lambda result: None) -> dict:
+  """Runs every job (each in a worker process unless `in_process`) and derives metrics.
+
+  `on_row` gets the result so far (marked partial) after each row: a run cut
+  short, as on a device lease, keeps what it measured."""
   available = peers_available()
   skipped = {i: available[i] for i in impls if available.get(i)}
   impls = [i for i in impls if not available.get(i)]
   for impl, why in skipped.items():
     log(f"skipping {IMPL_NAMES[impl]}: {why}")
-  jobs = plan(cases, impls, all_dtypes)
+  jobs = plan(cases, impls, all_dtypes, dtypes=dtypes)
 
   def run(job):
     if in_process:
@@ -447,6 +495,17 @@ def run_benchmark(cases: Sequence[Case], impls: Sequence[str], quick: bool, warm
     return _run_in_worker(job, quick, warmup, steps, timeout, peak_n, malloc)
 
   rows = []
+
+  def result(partial: bool) -> dict:
+    add_ratios(rows)
+    peak_n = next((r["matmul_peak"]["n"] for r in rows if "matmul_peak" in r), None)
+    return {"rows": rows, "peak_n": peak_n, "partial": partial,
+            "machine": machine_info(), "quick": quick, "steps": steps, "warmup": warmup,
+            "skipped": skipped, "command": command,
+            "malloc": ("the bench process's own" if in_process
+                       else f"{malloc} ({_describe(worker_malloc(malloc))})"),
+            "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")}
+
   for job in jobs:
     t = time.perf_counter()
     row = derive(job, run(job), quick)
@@ -456,14 +515,8 @@ def run_benchmark(cases: Sequence[Case], impls: Sequence[str], quick: bool, warm
         if "mfu" in row else ""))
     log(f"{job.case:18s} {IMPL_NAMES[job.impl]:11s} {job.dtype or '-':9s} {what} "
         f"[{time.perf_counter() - t:.0f} s]")
-  add_ratios(rows)
-  peak_n = next((r["matmul_peak"]["n"] for r in rows if "matmul_peak" in r), None)
-  return {"rows": rows, "peak_n": peak_n,
-          "machine": machine_info(), "quick": quick, "steps": steps, "warmup": warmup,
-          "skipped": skipped, "command": command,
-          "malloc": ("the bench process's own" if in_process
-                     else f"{malloc} ({_describe(worker_malloc(malloc))})"),
-          "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")}
+    on_row(result(partial=True))
+  return result(partial=False)
 
 
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -489,6 +542,10 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
   p.add_argument("--all-dtypes", action="store_true",
                  help="ours also in its config dtype (bfloat16 for BERT-Base) on every case, "
                       "not only train_base_128")
+  p.add_argument("--dtypes", default=",".join(DTYPES),
+                 help="comma-separated: run only the rows of these dtypes, from "
+                      f"{', '.join(DTYPES)} (default: both; bfloat16 rows where bf16 dots "
+                      "are native, or for ours' config dtype)")
   p.add_argument("--peak-n", type=int, default=0,
                  help="size of the square matmul timed for the peak (default 2048 on CPU, "
                       "8192 on GPU)")
@@ -500,6 +557,9 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                  help="host allocator of every worker, ours and peers alike: glibc with "
                       "transparent huge pages, as bert-jax's commands run (default); glibc's "
                       "defaults; glibc keeping freed memory; or jemalloc / tcmalloc preloaded")
+  p.add_argument("--from-json", default="", metavar="JSON,...",
+                 help="run nothing: write --md (and --readme) from these results files, "
+                      "merged (e.g. the JSON of two device calls)")
   p.add_argument("--worker", help=argparse.SUPPRESS)
   return p.parse_args(argv)
 
@@ -517,6 +577,40 @@ def _with_batches(chosen: list, spec: str) -> list:
           for c in chosen]
 
 
+def _measure(args: argparse.Namespace, argv: Optional[Sequence[str]], steps: int,
+             warmup: int) -> dict:
+  """Checks the command line, runs the benchmark, and returns its result."""
+  by_name = {c.name: c for c in CASES}
+  names = list(by_name) if args.cases == "all" else [
+      n.strip() for n in args.cases.split(",") if n.strip()]
+  bad = [n for n in names if n not in by_name]
+  if bad or not names:
+    raise ConfigError(f"--cases={args.cases!r}: unknown {bad}; expected a comma-separated "
+                      f"list from {list(by_name)} or 'all'")
+  chosen = _with_batches([by_name[n] for n in names], args.batch)
+  impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+  if not impls or any(i not in IMPLS for i in impls) or "ours" not in impls:
+    raise ConfigError(f"--impls={args.impls!r}: expected 'ours' plus any of "
+                      f"{list(PEERS)}, comma-separated")
+  dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+  if not dtypes or any(d not in DTYPES for d in dtypes):
+    raise ConfigError(f"--dtypes={args.dtypes!r}: expected any of {list(DTYPES)}, "
+                      "comma-separated")
+  if steps < 1 or warmup < 0:
+    raise ConfigError(f"--steps={steps} --warmup={warmup}: expected steps >= 1, warmup >= 0")
+  if args.readme:  # fail before the (long) run, not after it
+    readme_block.check(args.readme_path, README_BLOCK)
+  worker_malloc(args.malloc)  # likewise: a missing allocator library
+  command = "python -m tools.bench " + " ".join(
+      a for a in (argv if argv is not None else sys.argv[1:]))
+  return run_benchmark(chosen, impls, args.quick, warmup, steps,
+                       args.in_process, args.timeout, command.strip(),
+                       peak_n=args.peak_n, all_dtypes=args.all_dtypes,
+                       malloc=args.malloc, dtypes=dtypes,
+                       on_row=lambda partial: _write_atomic(
+                           args.out, json.dumps(partial, indent=1, default=str) + "\n"))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = _parse(argv)
   steps = args.steps if args.steps is not None else (3 if args.quick else 10)
@@ -530,36 +624,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(_RESULT_TAG + json.dumps(out), flush=True)
     return 0
   try:
-    by_name = {c.name: c for c in CASES}
-    names = list(by_name) if args.cases == "all" else [
-        n.strip() for n in args.cases.split(",") if n.strip()]
-    bad = [n for n in names if n not in by_name]
-    if bad or not names:
-      raise ConfigError(f"--cases={args.cases!r}: unknown {bad}; expected a comma-separated "
-                        f"list from {list(by_name)} or 'all'")
-    chosen = _with_batches([by_name[n] for n in names], args.batch)
-    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
-    if not impls or any(i not in IMPLS for i in impls) or "ours" not in impls:
-      raise ConfigError(f"--impls={args.impls!r}: expected 'ours' plus any of "
-                        f"{list(PEERS)}, comma-separated")
-    if steps < 1 or warmup < 0:
-      raise ConfigError(f"--steps={steps} --warmup={warmup}: expected steps >= 1, warmup >= 0")
-    if args.readme:  # fail before the (long) run, not after it
-      readme_block.check(args.readme_path, README_BLOCK)
-    worker_malloc(args.malloc)  # likewise: a missing allocator library
-    command = "python -m tools.bench " + " ".join(
-        a for a in (argv if argv is not None else sys.argv[1:]))
-    result = run_benchmark(chosen, impls, args.quick, warmup, steps,
-                           args.in_process, args.timeout, command.strip(),
-                           peak_n=args.peak_n, all_dtypes=args.all_dtypes,
-                           malloc=args.malloc)
+    if args.from_json:  # render saved results: nothing runs, --out is left alone
+      if args.readme:
+        readme_block.check(args.readme_path, README_BLOCK)
+      result = load_results([p.strip() for p in args.from_json.split(",") if p.strip()])
+      written = [args.md]
+    else:
+      result = _measure(args, argv, steps, warmup)
+      _write_atomic(args.out, json.dumps(result, indent=1, default=str) + "\n")
+      written = [args.out, args.md]
     table = markdown(result)
     print("\n" + table)
-    _write_atomic(args.out, json.dumps(result, indent=1, default=str) + "\n")
     _write_atomic(args.md, table)
     if args.readme:
       readme_block.rewrite(args.readme_path, README_BLOCK, table)
-    print(f"wrote {args.out}, {args.md}" + (f", {args.readme_path}" if args.readme else ""))
+      written.append(args.readme_path)
+    print(f"wrote {', '.join(written)}")
   except (BertJaxError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
