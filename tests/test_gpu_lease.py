@@ -1,0 +1,72 @@
+"""tools/gpu_lease.sh, the GPU measurements for a short device lease, run here against
+a stub python: a lease is too short and too rare to find a bad argument there.
+
+The stub logs every call, so the tests check what the script would run (each command
+line is accepted by the tool it calls) and that steps past the time budget are skipped
+with a note, not run. `bash tools/gpu_lease.sh --quick` runs it for real (minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shlex
+import stat
+import subprocess
+
+import pytest
+
+from tools import ab_step, bench, cases
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# Logs its arguments, one call a line; sleeps $STUB_SLEEP seconds on `-m pytest`.
+_STUB = r'''#!/usr/bin/env bash
+printf '%q ' "$@" >> "$CALL_LOG"; echo >> "$CALL_LOG"
+[ "$1 $2" = "-m pytest" ] && sleep "${STUB_SLEEP:-0}"
+exit 0
+'''
+
+
+def _lease(tmp_path: pathlib.Path, *args: str, **env: str) -> tuple[list[list[str]], pathlib.Path]:
+  stub = tmp_path / "python"
+  stub.write_text(_STUB)
+  stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+  out, log = tmp_path / "out", tmp_path / "calls.log"
+  proc = subprocess.run(
+      ["bash", "tools/gpu_lease.sh", *args], cwd=REPO, capture_output=True, text=True,
+      timeout=60, env=dict(os.environ, PYTHON=str(stub), OUT=str(out), CALL_LOG=str(log),
+                           SKIP_WHEELS="1", **env))
+  assert proc.returncode == 0, proc.stderr
+  calls = [shlex.split(line) for line in log.read_text().splitlines()]
+  # The steps, not the version report (`-c ...`, `-m pip list`) of env.txt.
+  return [c for c in calls if c[0] != "-c" and c[:3] != ["-m", "pip", "list"]], out
+
+
+@pytest.mark.parametrize("mode", [(), ("--quick",)])
+def test_every_step_runs_in_priority_order_with_arguments_its_tool_accepts(
+    tmp_path, capsys, mode):
+  calls, out = _lease(tmp_path, *mode)
+  assert [c[:2] for c in calls] == [["-m", "pytest"], ["-m", "tools.bench"],
+                                    ["tools/ab_step.py", "--case"]]
+  assert "cudnn" in calls[0]
+  # The bench command passes every check that comes before running: the one error
+  # left is the guide path this test adds.
+  missing = tmp_path / "missing.md"
+  assert bench.main(calls[1][2:] + ["--readme", "--readme-path", str(missing)]) == 2
+  assert str(missing) in capsys.readouterr().err
+  ab = calls[2][1:]
+  case = ab[ab.index("--case") + 1]
+  assert cases.find(case).kind == "train"
+  variants = [a for a in ab if "=" in a and not a.startswith("-")]
+  assert len(variants) == 2 and all(ab_step.parse_variant(v) for v in variants)
+  kernel = "cudnn" if not mode else "jax"
+  assert ab_step.parse_variant(variants[1])["model.attention_kernel"] == kernel
+  assert (out / "env.txt").exists()
+
+
+def test_steps_past_the_budget_are_skipped_with_a_note(tmp_path):
+  calls, out = _lease(tmp_path, LEASE_S="1", STUB_SLEEP="2")
+  assert [c[:2] for c in calls] == [["-m", "pytest"]]  # the first step used the budget
+  for name in ("bench.log", "ab_cudnn.txt"):
+    assert (out / name).read_text().startswith("skipped: no time left")
