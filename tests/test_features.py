@@ -1,5 +1,6 @@
 """Feature extraction: input order, padding invariance, pooling, layers, CLI files, bad input."""
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -182,6 +183,30 @@ def test_attention_kernel_jax_gives_the_same_features(ckpt, extractor):
     np.testing.assert_allclose(x, y, atol=1e-5)
 
 
+def test_cpu_forward_dots_eigen_and_ynnpack_give_the_same_features(ckpt, extractor):
+  out = {}
+  for dots in ("eigen", "ynnpack"):
+    config = dataclasses.replace(CONFIG, cpu_forward_dots=dots)
+    ex = features.Extractor(ckpt[1], config, extractor.tokenizer, max_length=16, batch_size=8)
+    out[dots] = ex.extract(SHORT, layers=LAYERS, pooling="mean").pooled_NxYxD
+  np.testing.assert_allclose(out["eigen"], out["ynnpack"], atol=1e-5)
+
+
+def test_the_extractor_compiles_with_its_configs_forward_options(ckpt, extractor, monkeypatch):
+  calls = []
+
+  def options(dots, dtype):
+    calls.append((dots, dtype))
+    return {}
+  monkeypatch.setattr(features.precision, "forward_compiler_options", options)
+  config = dataclasses.replace(CONFIG, cpu_forward_dots="ynnpack")
+  for kwargs in ({}, {"cpu_forward_dots": "eigen"}):  # the config's, or the caller's
+    ex = features.Extractor(ckpt[1], config, extractor.tokenizer, dtype="bfloat16",
+                            max_length=16, batch_size=8, **kwargs)
+    ex.extract(SHORT[:1], layers=LAYERS, pooling="cls")
+  assert calls == [("ynnpack", "bfloat16"), ("eigen", "bfloat16")]
+
+
 def test_truncation_is_counted_and_warned_once(extractor, capfd):
   texts = ["the cat " * 40, "a dog", "the mat\t" + "bird " * 70, "sky"]
   capfd.readouterr()
@@ -308,6 +333,8 @@ BAD = {
     "unknown dtype": ({"--dtype": "float16"}, {}, ["--dtype", "bfloat16"]),
     "unknown attention kernel": ({"--attention_kernel": "flash"}, {},
                                  ["--attention_kernel", "einsum, jax, cudnn"]),
+    "unknown cpu forward dots": ({"--cpu_forward_dots": "mkl"}, {},
+                                 ["--cpu_forward_dots", "auto, ynnpack, eigen"]),
     "cudnn in float32": ({"--attention_kernel": "cudnn"}, {},
                          ["--attention_kernel=cudnn", "--dtype bfloat16"]),
     "missing output directory": ({"--output": "{tmp}/nodir/out.npy"}, {},

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bert_jax.errors import ConfigError
+from bert_jax.model import precision
 from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import BertForPreTraining, BertModel
 
@@ -275,6 +276,7 @@ def test_attention_kernel_cudnn_off_a_gpu_is_one_config_error():
     ({"cpu_attention_layout": "nhwc"}, "cpu_attention_layout"),
     ({"attention_kernel": "flash"}, "attention_kernel"),
     ({"remat_policy": "minimal"}, "remat_policy"),
+    ({"cpu_forward_dots": "mkl"}, "cpu_forward_dots"),
     ({"attention_kernel": "jax"}, "attention_dropout_rate"),  # it has no attention dropout
     ({"attention_kernel": "cudnn", "attention_dropout_rate": 0.0}, "bfloat16 or float16"),
     ({"attention_kernel": "cudnn", "attention_dropout_rate": 0.0, "dtype": "bfloat16",
@@ -324,3 +326,29 @@ def test_hash_bits_do_not_depend_on_sharding():
                     out_shardings=NamedSharding(mesh, P("data", None)))(jax.random.key(5), (64, 96))
   assert len(sharded.sharding.device_set) == 8
   np.testing.assert_array_equal(np.asarray(sharded), _hash_words(jax.random.key(5), (64, 96)))
+
+
+@pytest.mark.parametrize("dots, dtype, platform, off", [
+    ("auto", "float32", "cpu", True),  # faster there: XLA's own dots
+    ("auto", "bfloat16", "cpu", False),  # YNNPACK's bf16 dots
+    ("eigen", "bfloat16", "cpu", True),
+    ("ynnpack", "float32", "cpu", False),
+    ("eigen", "float32", "tpu", False),  # XLA:CPU's option only
+    ("auto", "float32", "gpu", False),
+])
+def test_forward_compiler_options_turn_ynnpack_fusions_off_as_chosen(dots, dtype, platform, off):
+  with precision.target_platform(platform):
+    options = precision.forward_compiler_options(dots, dtype)
+  assert options == ({"xla_cpu_experimental_ynn_fusion_type": ""} if off else {})
+
+
+def test_the_eigen_option_compiles_dots_without_ynnpack_fusions():
+  # Guards the option's name and meaning against a jaxlib that changes them.
+  x = jnp.ones((64, 64))
+  lowered = jax.jit(lambda a, b: jax.nn.gelu(a @ b)).lower(x, x)
+  assert "__ynn_fusion" in lowered.compile().as_text()
+  with precision.target_platform("cpu"):
+    options = precision.forward_compiler_options("eigen", "float32")
+  compiled = lowered.compile(options)
+  assert "__ynn_fusion" not in compiled.as_text()
+  np.testing.assert_allclose(compiled(x, x), jax.nn.gelu(x @ x), rtol=1e-6)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from bert_jax.model import bert as model_lib
+from bert_jax.model import precision
 from bert_jax import settings as settings_lib
 from bert_jax.dist import sharding
 from bert_jax.model.config import BertConfig
@@ -114,7 +115,8 @@ def _build_features(bert_config: BertConfig, batch: Batch) -> BuiltStep:
     return out.sequence_BxLxD, out.pooled_BxD
 
   t = time.perf_counter()
-  compiled = jax.jit(extract).lower(params, ids, seg, msk).compile()
+  compiled = jax.jit(extract).lower(params, ids, seg, msk).compile(
+      precision.forward_compiler_options(bert_config.cpu_forward_dots, bert_config.dtype))
   compile_s = time.perf_counter() - t
 
   def run(i: int) -> None:

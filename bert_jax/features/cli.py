@@ -33,7 +33,7 @@ from bert_jax.dist import host_malloc
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.features.extract import DTYPES, POOLINGS, Extractor, Features
 from bert_jax.data.tokenizer import CLS, SEP
-from bert_jax.model.config import ATTENTION_KERNELS
+from bert_jax.model.config import ATTENTION_KERNELS, CPU_FORWARD_DOTS
 
 
 class InputFileError(BertJaxError):
@@ -147,6 +147,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--attention_kernel", default="einsum",
                  help=f"attention core: {', '.join(ATTENTION_KERNELS)} (default einsum; "
                  "cudnn: cuDNN's fused attention, NVIDIA GPUs only)")
+  p.add_argument("--cpu_forward_dots", default=None,
+                 help=f"dots on XLA:CPU: {', '.join(CPU_FORWARD_DOTS)} (default: the "
+                 "checkpoint's, normally auto: eigen in float32, faster there)")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
   p.add_argument("--expect_config", default="",
                  help="e.g. num_layers=12,hidden_size=768: fail unless the checkpoint matches")
@@ -162,6 +165,9 @@ def run(args: argparse.Namespace) -> Features:
   if args.attention_kernel not in ATTENTION_KERNELS:
     raise ConfigError(f"--attention_kernel={args.attention_kernel!r}: expected one of "
                       f"{', '.join(ATTENTION_KERNELS)}")
+  if args.cpu_forward_dots not in (None, *CPU_FORWARD_DOTS):
+    raise ConfigError(f"--cpu_forward_dots={args.cpu_forward_dots!r}: expected one of "
+                      f"{', '.join(CPU_FORWARD_DOTS)}")
   if args.attention_kernel == "cudnn" and args.dtype == "float32":
     raise ConfigError("--attention_kernel=cudnn with --dtype float32: cuDNN's fused attention "
                       "takes bfloat16; expected --dtype bfloat16")
@@ -185,7 +191,8 @@ def run(args: argparse.Namespace) -> Features:
   ex = Extractor.from_checkpoint(args.checkpoint, step=args.step, dtype=args.dtype,
                                  max_length=args.max_length, batch_size=args.batch_size,
                                  expect_config=expect,
-                                 attention_kernel=args.attention_kernel)
+                                 attention_kernel=args.attention_kernel,
+                                 cpu_forward_dots=args.cpu_forward_dots)
   feats = ex.extract(texts, layers=layers, pooling=args.pooling)
   write_features(args.output, feats)
   return feats

@@ -45,6 +45,7 @@ from bert_jax.dist import sharding
 from bert_jax.features import restore
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.model.config import BertConfig
+from bert_jax.model import precision
 from bert_jax.model.bert import BertModel
 from bert_jax.data.tokenizer import Tokenizer
 
@@ -197,14 +198,16 @@ class Extractor:
   def __init__(self, params: Any, config: BertConfig, tokenizer: Tokenizer, *,
                dtype: str = "float32", max_length: Optional[int] = None,
                batch_size: int = 32, devices: Optional[Sequence[Any]] = None,
-               mesh: Optional[Mesh] = None, attention_kernel: str = "einsum"):
+               mesh: Optional[Mesh] = None, attention_kernel: str = "einsum",
+               cpu_forward_dots: Optional[str] = None):
     """`params` is the BertModel tree (a pre-training tree's params["bert"]).
 
     `batch_size` is rounded up to a multiple of the data-parallel device count.
     With `mesh` (a training run's, over every process's devices) the parameters
     stay as they are sharded there (replicated or FSDP), every process passes
     the same inputs, and every process gets every feature (multi-host probes).
-    `attention_kernel` is BertConfig's ('cudnn': cuDNN's fused attention on a GPU).
+    `attention_kernel` is BertConfig's ('cudnn': cuDNN's fused attention on a GPU), and
+    so is `cpu_forward_dots` (None: the config's).
     """
     if dtype not in DTYPES:
       raise ConfigError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -233,7 +236,9 @@ class Extractor:
     # Inference: no dropout, no rematerialisation; parameters stay float32.
     self.config = dataclasses.replace(config, dtype=dtype, dropout_rate=0.0,
                                       attention_dropout_rate=0.0, remat=False,
-                                      attention_kernel=attention_kernel).validate()
+                                      attention_kernel=attention_kernel,
+                                      cpu_forward_dots=cpu_forward_dots
+                                      or config.cpu_forward_dots).validate()
     self._model = BertModel(self.config)
     self._replicated = sharding.replicated(self.mesh)
     self._batch_sharding = sharding.batch_sharding(self.mesh)
@@ -248,7 +253,8 @@ class Extractor:
                       max_length: Optional[int] = None, batch_size: int = 32,
                       expect_config: Optional[Mapping[str, Any]] = None,
                       devices: Optional[Sequence[Any]] = None,
-                      attention_kernel: str = "einsum") -> Extractor:
+                      attention_kernel: str = "einsum",
+                      cpu_forward_dots: Optional[str] = None) -> Extractor:
     """Restores params (never the optimizer state) of a workdir, checkpoints/ or step dir.
 
     `expect_config` (e.g. {"num_layers": 12}) must match the checkpoint's
@@ -257,7 +263,8 @@ class Extractor:
     devices = list(jax.devices() if devices is None else devices)
     params, config, tokenizer, _ = restore.load_checkpoint(path, step, expect_config, devices)
     return cls(params, config, tokenizer, dtype=dtype, max_length=max_length,
-               batch_size=batch_size, devices=devices, attention_kernel=attention_kernel)
+               batch_size=batch_size, devices=devices, attention_kernel=attention_kernel,
+               cpu_forward_dots=cpu_forward_dots)
 
   def set_params(self, params: Any) -> None:
     """New parameters of the same shapes (e.g. a training run's current ones).
@@ -300,7 +307,8 @@ class Extractor:
     batch = jax.ShapeDtypeStruct((self.batch_size, length), jnp.int32, sharding=bs)
     compiled = jax.jit(run, in_shardings=(param_shardings, bs, bs, bs),
                        out_shardings=self._out_sharding).lower(
-        self.params, batch, batch, batch).compile()
+        self.params, batch, batch, batch).compile(precision.forward_compiler_options(
+            self.config.cpu_forward_dots, self.config.dtype))
     self._compiled[key] = compiled
     return compiled, True
 

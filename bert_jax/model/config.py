@@ -14,6 +14,7 @@ _DROPOUT_RNGS = ("hash", "threefry", "rbg", "unsafe_rbg")
 _CPU_ATTENTION_LAYOUTS = ("canonical", "xla")
 ATTENTION_KERNELS = ("einsum", "jax", "cudnn")
 REMAT_POLICIES = ("full", "save_dots")
+CPU_FORWARD_DOTS = ("auto", "ynnpack", "eigen")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,12 @@ class BertConfig:
   # as key lengths, so masks must be right-padded, as every bert-jax input is). Neither
   # of the last two has attention dropout: they need attention_dropout_rate=0.
   attention_kernel: str = "einsum"
+  # How forward-only programs (feature extraction, probes) compiled for XLA:CPU run
+  # their dots: 'ynnpack', in XLA's YNNPACK library fusions (XLA's default); 'eigen',
+  # without library fusions, as XLA's own (Eigen) dots; 'auto', 'eigen' in float32
+  # (faster there) and 'ynnpack' in mixed precision. Same values; training steps,
+  # TPU and GPU are not affected (bert_jax.model.precision.forward_compiler_options).
+  cpu_forward_dots: str = "auto"
 
   @property
   def padded_vocab_size(self) -> int:
@@ -90,7 +97,8 @@ class BertConfig:
     for name, choices in (("dropout_rng", _DROPOUT_RNGS),
                           ("cpu_attention_layout", _CPU_ATTENTION_LAYOUTS),
                           ("remat_policy", REMAT_POLICIES),
-                          ("attention_kernel", ATTENTION_KERNELS)):
+                          ("attention_kernel", ATTENTION_KERNELS),
+                          ("cpu_forward_dots", CPU_FORWARD_DOTS)):
       if getattr(self, name) not in choices:
         raise ConfigError(f"config.model.{name}={getattr(self, name)!r}: expected one of "
                           f"{sorted(choices)}")

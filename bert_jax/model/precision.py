@@ -180,6 +180,21 @@ def cpu_layout() -> bool:
   return target_backend() == "cpu"
 
 
+def forward_compiler_options(cpu_forward_dots: str, dtype: str) -> dict:
+  """XLA compiler options for a forward-only program (features, probes) traced now.
+
+  On XLA:CPU, 'eigen' (and 'auto' in float32) turns YNNPACK library fusions off,
+  so the dots run as XLA's own: BERT-Base float32 features ran 9% faster so on an
+  AMD EPYC (AVX2), while the float32 training step ran 11% slower (small model),
+  so training never takes this (docs/performance.md, levers). Empty elsewhere.
+  """
+  if target_backend() != "cpu":
+    return {}
+  if cpu_forward_dots == "auto":
+    cpu_forward_dots = "eigen" if dtype == "float32" else "ynnpack"
+  return {"xla_cpu_experimental_ynn_fusion_type": ""} if cpu_forward_dots == "eigen" else {}
+
+
 def _plain(lhs: str, rhs: str, out: str, a, b, op_dtype, for_cpu: bool = True):
   """op_dtype x op_dtype -> float32 dot in einsum form (not differentiated).
 
