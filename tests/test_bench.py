@@ -148,6 +148,18 @@ def test_profile_script_attributes_op_time_to_model_parts(profile_output):
     assert shares.get(part, 0.0) > 0.0, shares
 
 
+def test_profile_parts_tell_the_attention_core_from_the_tied_mlm_logits():
+  from tools import profile_step
+  src = "jit(step_fn)/{}(BertForPreTraining)/{}/dot_general"
+  for jvp in ("jvp", "transpose(jvp"):
+    assert profile_step._part(src.format(
+        jvp, "bert/layer_0/attention/attention._attend")) == "attention"
+    assert profile_step._part(src.format(
+        jvp, "embeddings.attend/word_embeddings.attend")) == "MLM head + loss"
+  assert profile_step._part(src.format(
+      "jvp", "bert/layer_0/attention/attention._attend/Dropout_0")) == "dropout RNG + mask"
+
+
 @pytest.mark.slow
 def test_profile_timeline_lists_one_layer_of_one_step_in_time_order(profile_output):
   header, _, body = profile_output.partition("timeline of /layer_1/ in the last step: ")
