@@ -328,6 +328,19 @@ def test_a_config_dtype_of_auto_runs_as_the_trainer_resolves_it():
     assert bench.config_dtype(cases.model_sizes()["base"], bf16) == want
 
 
+def test_the_bench_process_leaves_the_gpu_memory_to_its_workers(monkeypatch):
+  # The parent opens the device to ask what it is; JAX's default would keep 75% of a GPU.
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+  monkeypatch.setattr(bench, "_parent_set", set())
+  bench._parent_env()
+  assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+  assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in bench._worker_env()  # workers: JAX's default
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")  # the user's own setting stays
+  monkeypatch.setattr(bench, "_parent_set", set())
+  bench._parent_env()
+  assert bench._worker_env()["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+
+
 def test_every_worker_gets_the_same_host_allocator_and_system_keeps_glibcs(monkeypatch):
   from bert_jax.dist import host_malloc
   monkeypatch.setattr(host_malloc, "glibc_version", lambda: (2, 36))
