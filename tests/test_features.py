@@ -183,13 +183,16 @@ def test_attention_kernel_jax_gives_the_same_features(ckpt, extractor):
     np.testing.assert_allclose(x, y, atol=1e-5)
 
 
-def test_cpu_forward_dots_eigen_and_ynnpack_give_the_same_features(ckpt, extractor):
+@pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_cpu_forward_dots_eigen_and_ynnpack_give_the_same_features(ckpt, extractor, dtype,
+                                                                   atol):
   out = {}
   for dots in ("eigen", "ynnpack"):
     config = dataclasses.replace(CONFIG, cpu_forward_dots=dots)
-    ex = features.Extractor(ckpt[1], config, extractor.tokenizer, max_length=16, batch_size=8)
+    ex = features.Extractor(ckpt[1], config, extractor.tokenizer, dtype=dtype, max_length=16,
+                            batch_size=8)
     out[dots] = ex.extract(SHORT, layers=LAYERS, pooling="mean").pooled_NxYxD
-  np.testing.assert_allclose(out["eigen"], out["ynnpack"], atol=1e-5)
+  np.testing.assert_allclose(out["eigen"], out["ynnpack"], atol=atol)
 
 
 def test_the_extractor_compiles_with_its_configs_forward_options(ckpt, extractor, monkeypatch):
