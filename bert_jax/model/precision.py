@@ -184,9 +184,10 @@ def forward_compiler_options(cpu_forward_dots: str, dtype: str) -> dict:
   """XLA compiler options for a forward-only program (features, probes) traced now.
 
   On XLA:CPU, 'eigen' (and 'auto' in float32) turns YNNPACK library fusions off,
-  so the dots run as XLA's own: BERT-Base float32 features ran 9% faster so on an
-  AMD EPYC (AVX2), while the float32 training step ran 11% slower (small model),
-  so training never takes this (docs/performance.md, levers). Empty elsewhere.
+  so the dots run as XLA's own: BERT-Base float32 features ran 7-9% faster so on an
+  AMD EPYC (AVX2), mostly from fewer page faults, while float32 training steps ran
+  4-11% slower, so training never takes this (docs/performance.md, levers). Empty
+  elsewhere.
   """
   if target_backend() != "cpu":
     return {}
