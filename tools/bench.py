@@ -613,9 +613,7 @@ def _measure(args: argparse.Namespace, argv: Optional[Sequence[str]], steps: int
                       "comma-separated")
   if steps < 1 or warmup < 0:
     raise ConfigError(f"--steps={steps} --warmup={warmup}: expected steps >= 1, warmup >= 0")
-  if args.readme:  # fail before the (long) run, not after it
-    readme_block.check(args.readme_path, README_BLOCK)
-  worker_malloc(args.malloc)  # likewise: a missing allocator library
+  worker_malloc(args.malloc)  # fail before the (long) run: a missing allocator library
   command = "python -m tools.bench " + " ".join(
       a for a in (argv if argv is not None else sys.argv[1:]))
   return run_benchmark(chosen, impls, args.quick, warmup, steps,
@@ -640,9 +638,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
   _parent_env()
   try:
+    if args.readme:  # fail before the (long) run, not after it
+      readme_block.check(args.readme_path, README_BLOCK)
     if args.from_json:  # render saved results: nothing runs, --out is left alone
-      if args.readme:
-        readme_block.check(args.readme_path, README_BLOCK)
       result = load_results([p.strip() for p in args.from_json.split(",") if p.strip()])
       written = [args.md]
     else:

@@ -8,9 +8,14 @@
 #   bash tools/gpu_wheels.sh [PYTHON]      # PYTHON: any python with pip (default python3)
 set -euo pipefail
 py=${1:-python3}
+pin() {  # NAME==VERSION as requirements*.txt pin it, the versions the tests ran with
+  grep -h -i -E "^$1==" requirements.txt requirements-peers.txt ||
+    { echo "error: requirements*.txt: no pin for $1" >&2; exit 2; }
+}
 mkdir -p .whl
-for w in ml-collections==1.1.0 array-record==0.8.6 transformers==4.57.6 \
-         tokenizers==0.22.2 huggingface-hub==0.36.0; do
+# huggingface-hub is no pin of ours: 0.36.0 is a release transformers 4.57.6 accepts (< 1.0).
+for w in "$(pin ml-collections)" "$(pin array-record)" "$(pin transformers)" \
+         "$(pin tokenizers)" huggingface-hub==0.36.0; do
   "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
