@@ -110,6 +110,10 @@ def _model() -> ml_collections.ConfigDict:
   # (jax.nn.dot_product_attention, XLA) or 'cudnn' (its cuDNN fused kernel, NVIDIA GPUs).
   # The last two have no attention dropout: set attention_dropout_rate=0 with them.
   c.attention_kernel = "einsum"
+  # Where the 'einsum' core normalizes the softmax: 'standard' (the probabilities, before
+  # the context dot: the reference order) or 'deferred' (the context, after it, as fused
+  # kernels do). Same values; 'deferred' is a lever to measure (docs/performance.md).
+  c.attention_softmax = "standard"
   # Dots of forward-only programs (features, probes) on XLA:CPU: 'auto' (float32: 'eigen',
   # XLA's own dots, faster there; mixed: 'ynnpack', XLA's library fusions), 'ynnpack' or
   # 'eigen'. Training steps always keep XLA's default. Same values either way.

@@ -230,6 +230,14 @@ def test_attention_kernel_jax_computes_what_einsum_does(dtype, atol, rtol):
   _assert_same_model(einsum, fused, atol, rtol)
 
 
+@pytest.mark.parametrize("dtype, atol, rtol", [("float32", 1e-5, 1e-4), ("bfloat16", 2e-2, 5e-2)])
+def test_deferred_softmax_computes_what_the_standard_order_does(dtype, atol, rtol):
+  # SMALL has attention dropout: its mask must fall on the same positions either way.
+  standard = BertConfig(**{**SMALL.to_dict(), "dtype": dtype, "attention_softmax": "standard"})
+  deferred = BertConfig(**{**standard.to_dict(), "attention_softmax": "deferred"})
+  _assert_same_model(standard, deferred, atol, rtol)
+
+
 GPU = jax.default_backend() == "gpu"
 
 
@@ -277,6 +285,7 @@ def test_attention_kernel_cudnn_off_a_gpu_is_one_config_error():
     ({"attention_kernel": "flash"}, "attention_kernel"),
     ({"remat_policy": "minimal"}, "remat_policy"),
     ({"cpu_forward_dots": "mkl"}, "cpu_forward_dots"),
+    ({"attention_softmax": "late"}, "attention_softmax"),
     ({"attention_kernel": "jax"}, "attention_dropout_rate"),  # it has no attention dropout
     ({"attention_kernel": "cudnn", "attention_dropout_rate": 0.0}, "bfloat16 or float16"),
     ({"attention_kernel": "cudnn", "attention_dropout_rate": 0.0, "dtype": "bfloat16",

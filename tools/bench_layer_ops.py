@@ -6,7 +6,8 @@ Times, in one process, each piece of a BERT-Base layer alone:
   the feed-forward output dot with its GELU input and LayerNorm (as the model fuses it),
   the attention core (scores, mask, softmax, context) in the [B, L, H, K] layout XLA
   picks by itself and in the canonical layout bert_jax uses on XLA:CPU
-  (`config.model.cpu_attention_layout`), and torch's `scaled_dot_product_attention`
+  (`config.model.cpu_attention_layout`), there also with the softmax's division after
+  the context dot (`config.model.attention_softmax='deferred'`), and torch's `scaled_dot_product_attention`
   and `torch.mm` for the same shapes.
 
 These are the numbers docs/performance.md ("Where the time goes") sets the model's
@@ -72,6 +73,13 @@ def jax_ops(rng: np.random.Generator) -> dict:
     s = e("bqhk,bshk->bhqs", q, k)
     return e("bhqs,bshk->bqhk", jax.nn.softmax(s + b, axis=-1), v)
 
+  def core_deferred(q, k, v, b):  # config.model.attention_softmax='deferred'
+    e = lambda spec, a, c: precision.einsum(spec, a, c, op_dtype=jnp.float32)
+    s = e("bqhk,bshk->bhqs", q, k) + b
+    p = jnp.exp(s - s.max(-1, keepdims=True))
+    o = e("bhqs,bshk->bhqk", p, v) / p.sum(-1, keepdims=True)
+    return o.transpose(0, 2, 1, 3)
+
   def ffn_out_gelu_ln(h, w, r):
     return _layer_norm(r + jax.nn.gelu(h, approximate=False) @ w)
 
@@ -84,6 +92,8 @@ def jax_ops(rng: np.random.Generator) -> dict:
                                                           2 * B * L * D * F),
       "attention core, [B, L, H, K] layout (XLA's)": (core_xla, (q, k, v, bias), core_flop),
       "attention core, canonical layout (ours)": (core_canonical, (q, k, v, bias), core_flop),
+      "  the same, softmax divided after the context dot": (core_deferred, (q, k, v, bias),
+                                                            core_flop),
   }
 
 

@@ -15,6 +15,7 @@ _CPU_ATTENTION_LAYOUTS = ("canonical", "xla")
 ATTENTION_KERNELS = ("einsum", "jax", "cudnn")
 REMAT_POLICIES = ("full", "save_dots")
 CPU_FORWARD_DOTS = ("auto", "ynnpack", "eigen")
+ATTENTION_SOFTMAX = ("standard", "deferred")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,13 @@ class BertConfig:
   # as key lengths, so masks must be right-padded, as every bert-jax input is). Neither
   # of the last two has attention dropout: they need attention_dropout_rate=0.
   attention_kernel: str = "einsum"
+  # Where the 'einsum' core divides by the softmax's row sums: 'standard' normalizes the
+  # probabilities before the context dot (the reference order); 'deferred' takes the dot
+  # of the unnormalized exponentials (dropped out as the probabilities would be) with the
+  # values and divides the [L, K] context instead of the [L, L] probabilities, as fused
+  # attention kernels do. Same values up to float rounding; on XLA:CPU (float32) no
+  # faster in the model, though the core alone is (docs/performance.md, levers).
+  attention_softmax: str = "standard"
   # How forward-only programs (feature extraction, probes) compiled for XLA:CPU run
   # their dots: 'ynnpack', in XLA's YNNPACK library fusions (XLA's default); 'eigen',
   # without library fusions, as XLA's own (Eigen) dots; 'auto', 'eigen' in float32
@@ -98,6 +106,7 @@ class BertConfig:
                           ("cpu_attention_layout", _CPU_ATTENTION_LAYOUTS),
                           ("remat_policy", REMAT_POLICIES),
                           ("attention_kernel", ATTENTION_KERNELS),
+                          ("attention_softmax", ATTENTION_SOFTMAX),
                           ("cpu_forward_dots", CPU_FORWARD_DOTS)):
       if getattr(self, name) not in choices:
         raise ConfigError(f"config.model.{name}={getattr(self, name)!r}: expected one of "

@@ -26,7 +26,7 @@ from bert_jax.train.steps import TrainSteps
 # May change between runs without changing the parameters.
 _FREE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "remat", "dropout_rng",
                       "cpu_attention_layout", "attention_kernel", "remat_policy",
-                      "cpu_forward_dots")
+                      "cpu_forward_dots", "attention_softmax")
 
 
 @dataclasses.dataclass
