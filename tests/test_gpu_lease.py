@@ -28,19 +28,27 @@ exit 0
 '''
 
 
-def _lease(tmp_path: pathlib.Path, *args: str, **env: str) -> tuple[list[list[str]], pathlib.Path]:
+def run_with_stub(script: str, tmp_path: pathlib.Path, *args: str, returncode: int = 0,
+                  **env: str) -> tuple[list[list[str]], pathlib.Path, str]:
+  """Runs `bash script args` with the stub as $PYTHON: (its step calls, $OUT, stderr)."""
   stub = tmp_path / "python"
   stub.write_text(_STUB)
   stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
   out, log = tmp_path / "out", tmp_path / "calls.log"
   proc = subprocess.run(
-      ["bash", "tools/gpu_lease.sh", *args], cwd=REPO, capture_output=True, text=True,
+      ["bash", script, *args], cwd=REPO, capture_output=True, text=True,
       timeout=60, env=dict(os.environ, PYTHON=str(stub), OUT=str(out), CALL_LOG=str(log),
                            SKIP_WHEELS="1", **env))
-  assert proc.returncode == 0, proc.stderr
-  calls = [shlex.split(line) for line in log.read_text().splitlines()]
+  assert proc.returncode == returncode, proc.stderr
+  calls = [shlex.split(line) for line in log.read_text().splitlines()] if log.exists() else []
   # The steps, not the version report (`-c ...`, `-m pip list`) of env.txt.
-  return [c for c in calls if c[0] != "-c" and c[:3] != ["-m", "pip", "list"]], out
+  steps = [c for c in calls if c[0] != "-c" and c[:3] != ["-m", "pip", "list"]]
+  return steps, out, proc.stderr
+
+
+def _lease(tmp_path: pathlib.Path, *args: str, **env: str) -> tuple[list[list[str]], pathlib.Path]:
+  calls, out, _ = run_with_stub("tools/gpu_lease.sh", tmp_path, *args, **env)
+  return calls, out
 
 
 @pytest.mark.parametrize("mode", [(), ("--quick",)])

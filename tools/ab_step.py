@@ -97,7 +97,7 @@ def _one(args) -> int:
   return 0
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("variants", nargs="+", help='config overrides per variant, e.g. "model.remat=True"')
   p.add_argument("--case", default="train_small_128", help="a tools.bench train/features case")
@@ -106,7 +106,11 @@ def main(argv=None) -> int:
   p.add_argument("--steps", type=int, default=8, help="timed steps per process")
   p.add_argument("--rounds", type=int, default=2)
   p.add_argument("--one", help=argparse.SUPPRESS)
-  args = p.parse_args(argv)
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
   if args.one is not None:
     return _one(args)
   for v in args.variants:

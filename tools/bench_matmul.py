@@ -183,12 +183,12 @@ def _model_timings(quick: bool, out):
   return rows
 
 
-def main():
+def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
   ap.add_argument("--skip-model", action="store_true", help="dots only")
   ap.add_argument("--out", default="", help="also write the report to this file")
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
   lines = []
 
   def out(s=""):

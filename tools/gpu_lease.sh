@@ -25,22 +25,7 @@ budget=${LEASE_S:-560}
 start=$SECONDS
 py=${PYTHON:-python3}
 
-left() {  # seconds left of the budget, at most $1
-  local rest=$((budget - (SECONDS - start)))
-  ((rest > $1)) && rest=$1
-  ((rest < 1)) && rest=1
-  echo "$rest"
-}
-
-step() {  # step NAME CAP COMMAND...: runs COMMAND for at most CAP seconds, logs to NAME
-  local name=$1 cap=$2; shift 2
-  if ((SECONDS - start >= budget)); then
-    echo "skipped: no time left" >"$out/$name"; return
-  fi
-  local t=$SECONDS
-  timeout "$(left "$cap")" "$@" >"$out/$name" 2>&1
-  echo "== $name: exit $? after $((SECONDS - t)) s"
-}
+source "$(dirname "$0")/steps.sh"
 
 if [[ -z "${SKIP_WHEELS:-}" ]] && ls .whl/*.whl >/dev/null 2>&1; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

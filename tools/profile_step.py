@@ -91,7 +91,7 @@ def _hlo_info(hlo_text: str) -> dict[str, tuple[str, str]]:
   return info
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--case", default="train_small_128", choices=[
       c.name for c in cases.CASES if c.kind != "prepare"], help="a tools.bench case")
@@ -106,7 +106,11 @@ def main(argv=None) -> int:
   p.add_argument("--timeline", default="", metavar="SCOPE",
                  help="also list, in time order, the last traced step's ops whose JAX source "
                       "holds /SCOPE/ (e.g. layer_5): start, duration and thread")
-  args = p.parse_args(argv)
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
   # Per-op trace events of the XLA CPU runtime; must be set before JAX starts.
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_cpu_enable_xprof_traceme=true").strip()
