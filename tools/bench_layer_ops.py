@@ -7,8 +7,8 @@ Times, in one process, each piece of a BERT-Base layer alone:
   the attention core (scores, mask, softmax, context) in the [B, L, H, K] layout XLA
   picks by itself and in the canonical layout bert_jax uses on XLA:CPU
   (`config.model.cpu_attention_layout`), there also with the softmax's division after
-  the context dot (`config.model.attention_softmax='deferred'`), and torch's `scaled_dot_product_attention`
-  and `torch.mm` for the same shapes.
+  the context dot (`config.model.attention_softmax='deferred'`), and torch's
+  `scaled_dot_product_attention` and `torch.mm` for the same shapes.
 
 These are the numbers docs/performance.md ("Where the time goes") sets the model's
 per-layer timeline against. Run it on an idle machine, under the allocator our
@@ -68,13 +68,14 @@ def jax_ops(rng: np.random.Generator) -> dict:
     s = jnp.einsum("bqhk,bshk->bhqs", q, k)
     return jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(s + b, axis=-1), v)
 
+  def e(spec, a, c):  # a float32 dot in the canonical layout, as the model's on XLA:CPU
+    return precision.einsum(spec, a, c, op_dtype=jnp.float32)
+
   def core_canonical(q, k, v, b):
-    e = lambda spec, a, c: precision.einsum(spec, a, c, op_dtype=jnp.float32)
     s = e("bqhk,bshk->bhqs", q, k)
     return e("bhqs,bshk->bqhk", jax.nn.softmax(s + b, axis=-1), v)
 
   def core_deferred(q, k, v, b):  # config.model.attention_softmax='deferred'
-    e = lambda spec, a, c: precision.einsum(spec, a, c, op_dtype=jnp.float32)
     s = e("bqhk,bshk->bhqs", q, k) + b
     p = jnp.exp(s - s.max(-1, keepdims=True))
     o = e("bhqs,bshk->bhqk", p, v) / p.sum(-1, keepdims=True)
