@@ -23,12 +23,14 @@ from typing import Optional
 GLOO_STARTUP = "Gloo context initialization failed"
 # Gloo's connection message, "[Gloo] Rank 1 is connected to 1 peer ranks. Expected ...".
 # Its threads print it unsynchronised, so a line can hold only a fragment of it
-# ("1 is connected to 1 peer ranks. ..." after "[Gloo] Rank " ended up elsewhere).
-_GLOO_LINE = re.compile(r"^(\[Gloo\]|(\[Gloo\] )?(Rank )?\d* ?is connected to \d+ peer ranks)")
+# ("1 is connected to 1 peer ranks. ..." after "[Gloo] Rank " ended up elsewhere), and
+# its line end is a write of its own: two threads' messages can share a line and leave
+# the other's newline as an empty one (a CI run saw process 1 print just '').
+_GLOO_LINE = re.compile(r"^(\[Gloo\]|(\[Gloo\] )?(Rank )?\d* ?is connected to \d+ peer ranks|\s*$)")
 
 
 def own_lines(text: str) -> list[str]:
-  """The lines of a process's output that are not Gloo's own messages."""
+  """The lines of a process's output that are not Gloo's own messages (nor blank)."""
   return [l for l in text.splitlines() if not _GLOO_LINE.match(l)]
 
 
