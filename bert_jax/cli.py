@@ -43,6 +43,13 @@ def run_main(body: Callable[[list[str]], None], argv: Optional[Sequence[str]] = 
   return 0
 
 
+def check_choice(flag: str, value, choices: Sequence[str]) -> None:
+  """A flag's value against its choices, checked before anything slow (argparse's own
+  `choices` would print usage; a caller of run() gets the same ConfigError)."""
+  if value not in choices:
+    raise ConfigError(f"{flag}={value!r}: expected one of {', '.join(choices)}")
+
+
 def parse_layers(text: str) -> tuple[int, ...] | str:
   """--layers: comma-separated indices (0 = embeddings, -1 = last layer) or 'all'."""
   if text.strip().lower() == "all":

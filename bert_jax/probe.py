@@ -68,10 +68,8 @@ def _parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> dict:
   """Checks the cheap things and reads the task before restoring the checkpoint."""
   from bert_jax.eval import probe, tasks  # after argument errors: these import more
-  if args.pooling not in PROBE_POOLINGS:
-    raise ConfigError(f"--pooling={args.pooling!r}: expected one of {', '.join(PROBE_POOLINGS)}")
-  if args.dtype not in DTYPES:
-    raise ConfigError(f"--dtype={args.dtype!r}: expected one of {', '.join(DTYPES)}")
+  common.check_choice("--pooling", args.pooling, PROBE_POOLINGS)
+  common.check_choice("--dtype", args.dtype, DTYPES)
   layers = common.parse_layers(args.layers)
   if args.output is not None:
     out_dir = os.path.dirname(os.path.abspath(args.output))

@@ -158,16 +158,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> Features:
   """Checks the cheap things first so bad input fails before any restore."""
-  if args.pooling not in POOLINGS:
-    raise ConfigError(f"--pooling={args.pooling!r}: expected one of {', '.join(POOLINGS)}")
-  if args.dtype not in DTYPES:
-    raise ConfigError(f"--dtype={args.dtype!r}: expected one of {', '.join(DTYPES)}")
-  if args.attention_kernel not in ATTENTION_KERNELS:
-    raise ConfigError(f"--attention_kernel={args.attention_kernel!r}: expected one of "
-                      f"{', '.join(ATTENTION_KERNELS)}")
-  if args.cpu_forward_dots not in (None, *CPU_FORWARD_DOTS):
-    raise ConfigError(f"--cpu_forward_dots={args.cpu_forward_dots!r}: expected one of "
-                      f"{', '.join(CPU_FORWARD_DOTS)}")
+  common.check_choice("--pooling", args.pooling, POOLINGS)
+  common.check_choice("--dtype", args.dtype, DTYPES)
+  common.check_choice("--attention_kernel", args.attention_kernel, ATTENTION_KERNELS)
+  if args.cpu_forward_dots is not None:  # None: the checkpoint's
+    common.check_choice("--cpu_forward_dots", args.cpu_forward_dots, CPU_FORWARD_DOTS)
   if args.attention_kernel == "cudnn" and args.dtype == "float32":
     raise ConfigError("--attention_kernel=cudnn with --dtype float32: cuDNN's fused attention "
                       "takes bfloat16; expected --dtype bfloat16")
