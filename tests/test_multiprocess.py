@@ -6,10 +6,13 @@ from tools import multiprocess
 MSG = "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
 
 
-def test_gloo_messages_and_their_fragments_are_not_own_lines():
-  # Two threads' messages on one line leave the second newline as an empty line;
-  # a message split after "[Gloo] Rank " leaves the rest on a line of its own.
-  out = "\n".join([MSG, MSG + MSG, "", "[Gloo] Rank ", MSG[len("[Gloo] Rank "):], "  "])
+def test_gloo_messages_and_their_pieces_are_not_own_lines():
+  # Gloo writes its message piece by piece from unsynchronised threads: two messages on
+  # one line leave the second line end as an empty line, and a message can be cut after
+  # any piece, leaving the rest (or the number alone) on a line of its own.
+  cuts = [MSG.index(p) for p in (" is connected", "1 peer", " peer ranks", "Expected")]
+  pieces = [x for c in cuts for x in (MSG[:c], MSG[c:])] + [MSG[-1]]
+  out = "\n".join([MSG, MSG + MSG, "", *pieces, "  ", "[Gloo] Rank 0 is connected" + MSG])
   assert multiprocess.own_lines(out) == []
 
 

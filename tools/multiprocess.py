@@ -21,17 +21,21 @@ import time
 from typing import Optional
 
 GLOO_STARTUP = "Gloo context initialization failed"
-# Gloo's connection message, "[Gloo] Rank 1 is connected to 1 peer ranks. Expected ...".
-# Its threads print it unsynchronised, so a line can hold only a fragment of it
-# ("1 is connected to 1 peer ranks. ..." after "[Gloo] Rank " ended up elsewhere), and
-# its line end is a write of its own: two threads' messages can share a line and leave
-# the other's newline as an empty one (a CI run saw process 1 print just '').
-_GLOO_LINE = re.compile(r"^(\[Gloo\]|(\[Gloo\] )?(Rank )?\d* ?is connected to \d+ peer ranks|\s*$)")
+# Gloo's connection message, "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number
+# of connected peer ranks is : 1", is written piece by piece ("[Gloo] Rank ", 1, " is
+# connected to ", ... and the line end apart) by threads that do not synchronise, so
+# a line can hold pieces of two messages, a message can end on the next line, and
+# another's line end can leave an empty line (a CI run saw process 1 print just '').
+# A line made of nothing but those pieces, numbers and blanks is Gloo's, as is any line
+# that starts with "[Gloo]".
+_GLOO_PIECES = re.compile(r"\[Gloo\] Rank|is connected to|peer ranks\.|"
+                          r"Expected number of connected peer ranks is :|\d+|\s+")
 
 
 def own_lines(text: str) -> list[str]:
-  """The lines of a process's output that are not Gloo's own messages (nor blank)."""
-  return [l for l in text.splitlines() if not _GLOO_LINE.match(l)]
+  """The lines of a process's output that are not Gloo's connection messages (nor blank)."""
+  return [l for l in text.splitlines()
+          if not l.startswith("[Gloo]") and _GLOO_PIECES.sub("", l)]
 
 
 class LaunchFailed(Exception):
