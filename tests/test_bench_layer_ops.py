@@ -22,3 +22,12 @@ def test_the_fused_feed_forward_output_is_layer_normalised():
   assert y.shape == (bench_layer_ops.B * bench_layer_ops.L, bench_layer_ops.D)
   np.testing.assert_allclose(y.mean(-1), 0, atol=1e-4)
   np.testing.assert_allclose(y.std(-1), 1, atol=1e-3)
+
+
+def test_both_gelu_rows_compute_the_same_values():
+  ops = bench_layer_ops.jax_ops(np.random.default_rng(0))
+  (jax_fn, operands, _), (model_fn, model_operands, _) = (
+      ops[name] for name in ops if name.startswith("GELU"))
+  assert all(a is b for a, b in zip(model_operands, operands))
+  np.testing.assert_allclose(jax.jit(model_fn)(*operands), jax.jit(jax_fn)(*operands),
+                             rtol=1e-6, atol=1e-6)

@@ -9,7 +9,7 @@ import pytest
 from bert_jax.errors import ConfigError
 from bert_jax.model import precision
 from bert_jax.model.config import BertConfig
-from bert_jax.model.bert import BertForPreTraining, BertModel
+from bert_jax.model.bert import BertForPreTraining, BertModel, gelu
 
 SMALL = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4,
                    intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=128)
@@ -361,3 +361,15 @@ def test_the_eigen_option_compiles_dots_without_ynnpack_fusions():
   compiled = lowered.compile(options)
   assert "__ynn_fusion" not in compiled.as_text()
   np.testing.assert_allclose(compiled(x, x), jax.nn.gelu(x @ x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
+def test_exact_gelu_is_jax_s_exact_gelu_in_value_and_gradient(dtype, tol):
+  # The model writes it in the reference BERT's erf form; the tails (x = -12: 1 + erf
+  # cancels) and the gradient must still be jax.nn.gelu's, to rounding.
+  x = jnp.linspace(-12.0, 12.0, 4001).astype(dtype)
+  config = BertConfig(vocab_size=8, gelu_approximate=False)
+  ours, ref = (lambda v: gelu(config, v)), (lambda v: jax.nn.gelu(v, approximate=False))
+  for f in (lambda g: g, jax.grad):
+    a, b = (np.asarray(jax.vmap(f(g))(x), np.float32) for g in (ours, ref))
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
