@@ -99,6 +99,9 @@ class LayerNorm(nn.Module):
         name="norm")(x.astype(jnp.float32)).astype(c.compute_dtype)
 
 
+_SQRT_HALF = 0.7071067811865476
+
+
 def gelu(config: BertConfig, x):
   if config.gelu_approximate:
     return nn.gelu(x, approximate=True)
@@ -106,9 +109,6 @@ def gelu(config: BertConfig, x):
   # x/2 erfc(-x/sqrt 2) is the same function, but its erfc ran slower on XLA:CPU:
   # BERT-Base features 3.6% slower, training within noise (docs/performance.md, levers).
   return x * 0.5 * (1.0 + jax.lax.erf(x * _SQRT_HALF))
-
-
-_SQRT_HALF = 0.7071067811865476
 
 
 def _mix32(x_u32: jax.Array) -> jax.Array:
