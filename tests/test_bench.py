@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import BertForPreTraining, BertModel
-from tools import bench, bench_prepare
+from tools import bench, bench_prepare, measure
 
 GUIDE = "# x\n\n## Performance\n\nintro\n\n<!-- bench:start -->\nold table\n<!-- bench:end -->\n\nafter\n"
 
@@ -368,3 +368,34 @@ def test_an_ab_variant_splits_into_config_overrides_xla_flags_and_environment():
   assert ab_step.parse_variant(v) == {"model.remat": True, "model.dropout_rng": "hash"}
   assert ab_step.xla_flags(v) == ["--xla_cpu_scheduler_type=X"]
   assert ab_step.env_items(v) == {"BERT_JAX_MALLOC": "system"}
+
+
+def test_from_json_a_row_measured_again_replaces_the_earlier_one(tmp_path, monkeypatch):
+  a, b = tmp_path / "a.json", tmp_path / "b.json"
+  assert _mini_run(tmp_path, monkeypatch, a, "--impls", "ours,hf_torch", "--dtypes",
+                   "float32") == 0
+  again = json.loads(a.read_text())
+  again["rows"] = [dict(r, median_s=r["median_s"] / 2, tokens_per_s=r["tokens_per_s"] * 2)
+                   for r in again["rows"] if r["impl"] == "ours"]
+  again["date"] = "2099-01-01 00:00 UTC"
+  b.write_text(json.dumps(again))
+  merged = bench.load_results([str(a), str(b)])
+  first = json.loads(a.read_text())["rows"]
+  assert [(r["impl"], r["dtype"]) for r in merged["rows"]] == [
+      (r["impl"], r["dtype"]) for r in first]  # one row each, in the first run's order
+  ours = merged["rows"][0]
+  assert ours["median_s"] == again["rows"][0]["median_s"]  # the later measurement
+  assert ours["ratio_vs_hf_torch"] == pytest.approx(
+      2 * first[0]["tokens_per_s"] / first[1]["tokens_per_s"])
+  table = bench.markdown(merged)
+  assert table.count("| features_base_128 | bert-jax") == 1
+  assert "replacing the earlier run's rows: bert-jax float32 on features_base_128" in table
+  assert "2099-01-01" in table and json.loads(a.read_text())["date"] in table
+
+
+def test_the_jax_bf16_peak_times_the_bf16_x_bf16_to_f32_dot_mixed_precision_runs():
+  a = jnp.ones((8, 8), jnp.bfloat16)
+  (dot,) = [e for e in jax.make_jaxpr(measure.jax_peak_dot)(a, a).eqns
+            if e.primitive.name == "dot_general"]
+  assert [v.aval.dtype for v in dot.invars] == [jnp.bfloat16] * 2
+  assert dot.outvars[0].aval.dtype == jnp.float32

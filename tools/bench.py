@@ -417,9 +417,10 @@ def markdown(result: dict) -> str:
       "PyTorch bfloat16 rows run under `torch.autocast`, HF Flax ones with "
       "`dtype=bfloat16`; a masked head computes the MLM "
       "logits on the masked positions only (ours always does). "
-      "Matmul peak: a jitted `jnp.dot` (jax rows) or `torch.mm` (PyTorch rows) of two "
-      f"{result['peak_n']}² matrices in the row's dtype, median of 10, timed in the row's "
-      "worker just before it; MFU = model FLOP/s ÷ that peak.",
+      "Matmul peak: a jitted `jnp.dot` accumulating and returning float32 (jax rows; "
+      "for bf16, the bf16 × bf16 → f32 dot mixed precision runs) or `torch.mm` (PyTorch "
+      f"rows) of two {result['peak_n']}² matrices in the row's dtype, median of 10, timed "
+      "in the row's worker just before it; MFU = model FLOP/s ÷ that peak.",
       "Versions: " + ", ".join(f"{k} {v[k]}" for k in v if v[k]) + ". "
       f"Date: {result['date']}. Memory: {', '.join(mem_kinds)}. "
       f"Median of {result['steps']} timed steps after {result['warmup']} warm-up steps"
@@ -432,6 +433,10 @@ def markdown(result: dict) -> str:
         f"Host allocator, the same for every worker (ours and peers): {result['malloc']}"
         + (", what bert-jax's commands set on a CPU-only host" if "hugetlb" in result["malloc"]
            else "") + " (`--malloc`: huge-pages, system, retain, jemalloc, tcmalloc)."]
+  if result.get("replaced"):
+    lines.append("Measured again in a later run, replacing the earlier run's rows: " + ", ".join(
+        f"{IMPL_NAMES.get(impl, impl)} {dtype} on {case}" for case, impl, dtype in
+        result["replaced"]) + ".")
   for impl, why in result.get("skipped", {}).items():
     lines.append(f"Skipped {IMPL_NAMES.get(impl, impl)}: {why}.")
   if result.get("partial"):
@@ -447,9 +452,21 @@ def merge(results: Sequence[dict], names: Sequence[str] = ()) -> dict:
   if len(machines) != 1:
     raise ConfigError(f"{', '.join(names) or 'results'}: from different machines "
                       f"{sorted(machines, key=str)}; expected one")
-  rows = [dict(row) for r in results for row in r["rows"]]
+  # A row measured again in a later file (same case, implementation, dtype and batch)
+  # replaces the earlier one in place: a run that remeasures a few rows after a fix.
+  rows, where, replaced = [], {}, []
+  for row in (dict(row) for r in results for row in r["rows"]):
+    key = (row["case"], row["impl"], row["dtype"], row.get("batch"))
+    if key in where:
+      rows[where[key]] = row
+      replaced.append(key)
+    else:
+      where[key] = len(rows)
+      rows.append(row)
   add_ratios(rows)
-  return {**results[-1], "rows": rows,
+  dates = list(dict.fromkeys(r["date"] for r in results))
+  return {**results[-1], "rows": rows, "date": " and ".join(dates),
+          "replaced": [list(k[:3]) for k in replaced],
           "peak_n": next((r["peak_n"] for r in results if r.get("peak_n")), None),
           "partial": any(r.get("partial") for r in results),
           "skipped": {k: v for r in results for k, v in r.get("skipped", {}).items()},

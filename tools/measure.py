@@ -67,6 +67,18 @@ def time_steps(step: Callable[[int], Any], warmup: int, steps: int) -> dict:
           "timed_steps": len(wall), "median_cpu_s": statistics.median(cpu)}
 
 
+def jax_peak_dot(a: jax.Array, b: jax.Array) -> jax.Array:
+  """The dot the JAX matmul peak times: float32 accumulation and output for every dtype.
+
+  For bf16 operands that is the bf16 x bf16 -> f32 dot mixed precision runs
+  (`bert_jax.model.precision`), the fastest bf16 dot XLA:CPU has (AVX-512 BF16: 306
+  against 153 GFLOP/s for bf16 output at 2048², tools/bench_matmul.py), so MFU is
+  measured against the dot the model uses, not a slower one. torch.mm, the PyTorch
+  rows' peak, accumulates bf16 in float32 too.
+  """
+  return jax.lax.dot(a, b, preferred_element_type=jnp.float32)
+
+
 def matmul_peak(framework: str, dtype: str, n: int = 0, repeats: int = 10) -> dict:
   """FLOP/s of one large square matmul in `dtype`, median of `repeats`."""
   if framework == "jax":
@@ -74,7 +86,7 @@ def matmul_peak(framework: str, dtype: str, n: int = 0, repeats: int = 10) -> di
     jd = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(jd)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(jd)
-    f = jax.jit(jnp.dot).lower(a, b).compile()
+    f = jax.jit(jax_peak_dot).lower(a, b).compile()
     run = lambda _: f(a, b).block_until_ready()
   else:
     import torch
