@@ -50,6 +50,7 @@ def test_a_run_writes_json_markdown_and_only_the_guide_block(tmp_path, monkeypat
   # Feature extraction: the cheapest compile; a train step goes the same way.
   rc = bench.main(["--quick", "--in-process", "--cases", "features_base_128",
                    "--impls", "ours,hf_torch", "--steps", "2", "--warmup", "0", "--peak-n", "256",
+                   "--dtypes", "float32",  # bf16 rows too where bf16 dots are native
                    "--out", str(out), "--md", str(md), "--readme", "--readme-path", str(readme)])
   assert rc == 0
   result = json.loads(out.read_text())
@@ -256,7 +257,9 @@ def _mini_run(tmp_path, monkeypatch, out, *extra):
   monkeypatch.setattr(bench, "model_sizes", lambda: {"tiny": mini, "small": mini, "base": mini})
   return bench.main(["--quick", "--in-process", "--cases", "features_base_128", "--steps", "1",
                      "--warmup", "0", "--peak-n", "128", "--out", str(out),
-                     "--md", str(tmp_path / "run.md"), *extra])
+                     "--md", str(tmp_path / "run.md"),
+                     "--dtypes", "float32",  # the same rows whether or not bf16 dots are native
+                     *extra])
 
 
 def test_a_run_cut_short_keeps_the_rows_it_measured(tmp_path, monkeypatch):
@@ -372,8 +375,7 @@ def test_an_ab_variant_splits_into_config_overrides_xla_flags_and_environment():
 
 def test_from_json_a_row_measured_again_replaces_the_earlier_one(tmp_path, monkeypatch):
   a, b = tmp_path / "a.json", tmp_path / "b.json"
-  assert _mini_run(tmp_path, monkeypatch, a, "--impls", "ours,hf_torch", "--dtypes",
-                   "float32") == 0
+  assert _mini_run(tmp_path, monkeypatch, a, "--impls", "ours,hf_torch") == 0
   again = json.loads(a.read_text())
   again["rows"] = [dict(r, median_s=r["median_s"] / 2, tokens_per_s=r["tokens_per_s"] * 2)
                    for r in again["rows"] if r["impl"] == "ours"]
