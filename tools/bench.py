@@ -417,8 +417,9 @@ def markdown(result: dict) -> str:
       "PyTorch bfloat16 rows run under `torch.autocast`, HF Flax ones with "
       "`dtype=bfloat16`; a masked head computes the MLM "
       "logits on the masked positions only (ours always does). "
-      "Matmul peak: a jitted `jnp.dot` accumulating and returning float32 (jax rows; "
-      "for bf16, the bf16 × bf16 → f32 dot mixed precision runs) or `torch.mm` (PyTorch "
+      "Matmul peak: a jitted dot accumulating and returning float32 (jax rows, "
+      "`measure.jax_peak_dot`; for bf16 the bf16 × bf16 → f32 dot mixed precision runs) or "
+      "`torch.mm` (PyTorch "
       f"rows) of two {result['peak_n']}² matrices in the row's dtype, median of 10, timed "
       "in the row's worker just before it; MFU = model FLOP/s ÷ that peak.",
       "Versions: " + ", ".join(f"{k} {v[k]}" for k in v if v[k]) + ". "
