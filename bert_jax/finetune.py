@@ -42,6 +42,7 @@ bad flag) is one `error:` line, exit status 2, and nothing is written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -151,19 +152,59 @@ def run(args: argparse.Namespace) -> dict:
   if args.jax_distributed or any(v is not None for v in explicit):
     startup.initialize_distributed(*explicit, initialization_timeout=args.distributed_timeout)
   output_dir = args.output_dir or os.path.join("finetune", task.name)
-  tuner = finetune.FineTuner.from_checkpoint(args.checkpoint, task, recipe, step=args.step)
-  log = lambda msg: print(msg, flush=True) if jax.process_index() == 0 else None
-  log(tuner.describe())
-  results = tuner.sweep(output_dir=output_dir, progress=False if args.no_progress else None)
-  log(finetune_report.format_table(results))
-  log(f"wrote {os.path.join(output_dir, finetune_report.RESULTS_FILE)} and TensorBoard events "
-      f"under {os.path.join(output_dir, 'runs')}")
-  if args.save is not None:
-    where = tuner.save(results, args.save, overwrite=args.overwrite)
-    best = results["summary"]["best_run"]
-    log(f"saved the best run (lr {best['learning_rate']:g}, seed {best['seed']}) -> {where}; "
-        f"export: python -m bert_jax.io.convert to-hf {args.save} OUT_HF_DIR")
+  with contextlib.ExitStack() as outputs:
+    if jax.process_index() == 0:  # the writer: its outputs are checked and taken up front
+      _take_outputs(outputs, output_dir, args.save)
+    tuner = finetune.FineTuner.from_checkpoint(args.checkpoint, task, recipe, step=args.step)
+    log = lambda msg: print(msg, flush=True) if jax.process_index() == 0 else None
+    log(tuner.describe())
+    results = tuner.sweep(output_dir=output_dir, progress=False if args.no_progress else None)
+    results_file = os.path.join(output_dir, finetune_report.RESULTS_FILE)
+    log(finetune_report.format_table(results))
+    log(f"wrote {results_file} and TensorBoard events under {os.path.join(output_dir, 'runs')}")
+    if args.save is not None:
+      where = _save(tuner, results, args.save, args.overwrite, results_file)
+      best = results["summary"]["best_run"]
+      log(f"saved the best run (lr {best['learning_rate']:g}, seed {best['seed']}) -> {where}; "
+          f"export: python -m bert_jax.io.convert to-hf {args.save} OUT_HF_DIR")
   return results
+
+
+def _take_outputs(stack: contextlib.ExitStack, output_dir: str, save: Optional[str]) -> None:
+  """Writability of --output_dir and of --save's folder, checked before any work, and both
+  locked for the run: a second fine-tuning with the same outputs stops at once with one
+  line, instead of overwriting the first's results.json."""
+  from bert_jax.dist import workdir_lock
+  common.check_writable_dir("--output_dir", output_dir)
+  taken = [("--output_dir", output_dir, None)]
+  if save is not None:
+    parent, base = os.path.split(os.path.abspath(save))
+    common.check_writable_dir("--save", parent)  # the checkpoint is made beside it, renamed
+    taken.append(("--save", parent, f".{base}.lock"))
+  for flag, where, lock_file in taken:
+    try:
+      stack.enter_context(workdir_lock.hold(where, lock_file=lock_file))
+    except workdir_lock.WorkdirInUse as e:
+      path = save if flag == "--save" else output_dir
+      raise ConfigError(f"{flag} {path} is in use by another fine-tuning "
+                        f"({workdir_lock.describe(e.holder)}); wait for it to end or pass "
+                        f"another {flag}") from None
+
+
+def _save(tuner, results: dict, save: str, overwrite: bool, results_file: str) -> str:
+  """tuner.save; a disk that fills up or turns read-only meanwhile is one line (the
+  results are already written, and nothing is left at --save: it is written beside it
+  and renamed when complete)."""
+  from bert_jax.io import checkpointing
+  try:
+    return tuner.save(results, save, overwrite=overwrite)
+  except Exception as e:  # pylint: disable=broad-except
+    kind, why = checkpointing.classify(e)
+    if kind != "environment":
+      raise
+    raise ConfigError(f"--save {save}: cannot write the fine-tuned checkpoint ({why}); "
+                      f"nothing was written there; the sweep's results are in "
+                      f"{results_file}") from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -84,6 +84,31 @@ def test_the_same_bytes_for_1_2_and_3_workers(tmp_path, monkeypatch, text):
   assert sum(n.startswith("seq32/train.") for n in found[1]) >= 4  # one shard per part at least
 
 
+def test_a_part_of_one_document_yields_no_examples_and_is_still_a_part(tmp_path, monkeypatch):
+  # Files that are one document each (a book with one paragraph per line, no blank
+  # line) beside ordinary ones: the one-document parts have no NotNext partner, so no
+  # examples; their staging folder used to appear only at the first record, and
+  # writing part.json crashed preparation (FileNotFoundError, 1 worker and several).
+  make_synthetic_corpus(str(tmp_path / "c.txt"), 0.15)
+  sentences = [s for d in corpus.read_documents(corpus.BUILTIN) for s in d]
+  for name in ("a.txt", "b.txt"):  # 136 kB each: a part of their own
+    with open(tmp_path / name, "w", encoding="utf-8") as f:
+      f.write("\n".join(sentences[:1500]) + "\n")
+  spec = str(tmp_path / "*.txt")
+  monkeypatch.setattr(corpus_parts, "PART_BYTES", 60_000)
+  parts = corpus_parts.plan(spec, "plain", 0)
+  lone = [p for p in parts if len(p.ranges) == 1 and p.ranges[0][0].endswith(("a.txt", "b.txt"))]
+  assert len(lone) == 2 and len(list(corpus.read_ranges(lone[0].ranges, "plain",
+                                                        corpus.CorpusStats()))) == 1
+  found = {}
+  for workers in (1, 2):
+    p = dataset.prepare(settings(spec, num_workers=workers), [32],
+                        str(tmp_path / f"cache{workers}"), seed=0)
+    found[workers] = prepared_bytes(p.directory)
+    assert len(dataset.open_split(p.directory, 32, "train")) > 0
+  assert found[1] == found[2]
+
+
 def _prepare_in_subprocess(text: str, cache: str, workers: int) -> subprocess.Popen:
   code = ("import sys; sys.path.insert(0, %r)\n"
           "from bert_jax.data import dataset\n"
@@ -164,8 +189,9 @@ def test_progress_gives_tokens_per_second_and_the_time_left(monkeypatch, tmp_pat
     json.dump({"counts": {"tokens": 4_000_000}}, f)
   progress = part_pool.Progress(jobs[:2], " (process 0 of 2)", others=jobs[2:])
   progress.done = {0: (5_000_000, 1.0), 1: (1_000_000, 0.5)}  # 2.5 of 4 equal parts
+  progress.examples = {0: 300, 1: 20}
   line = progress.line(110.0)
-  assert "10000000 tokens, 1000000 tokens/s (process 0 of 2)" in line
+  assert "10000000 tokens, 1000000 tokens/s, 320 examples (process 0 of 2)" in line
   assert "62% of 400 MiB, about 6 s left" in line  # 10 s for 5/8: 6 s more
 
 

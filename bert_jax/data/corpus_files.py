@@ -7,7 +7,7 @@ blocks, and `CorpusStats`, which counts what was repaired: bytes that are not
 UTF-8 (replaced by U+FFFD), control characters such as NUL (dropped), lines
 over 1 MiB (cut into pieces, each a sentence), tab-format lines without
 exactly one tab or with an empty half (skipped), documents over 50 000
-sentences or 16 MiB (cut into several). A UTF-8 byte order mark, CRLF and CR
+sentences or 1 MiB (cut into several). A UTF-8 byte order mark, CRLF and CR
 line ends are simply accepted. Formats: `plain` (one sentence per line, blank
 line between documents) and `tab` (`A<TAB>B` per line, a two-sentence document).
 """
@@ -27,7 +27,10 @@ _SNIFF_BYTES = 1 << 16
 _BLOCK_BYTES = 1 << 20
 MAX_LINE_BYTES = 1 << 20
 MAX_DOCUMENT_SENTENCES = 50_000
-MAX_DOCUMENT_CHARS = 16 << 20
+# A document over 1 MiB (a book with no blank lines, a file that is one document)
+# is cut: a part of 16 MiB or more then has documents to split into train and eval
+# and to draw NotNext partners from (a part of one document yields no pairs).
+MAX_DOCUMENT_CHARS = 1 << 20
 
 # Control characters other than tab/newline (NUL, C1, DEL...): dropped, not fatal.
 CONTROL_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff]")

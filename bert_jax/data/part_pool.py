@@ -53,7 +53,7 @@ def run(jobs: Sequence[part_writer.PartJob], workers: int, label: str = "",
   if workers <= 1 or len(jobs) <= 1:
     try:
       for i, job in enumerate(jobs):
-        part_writer.prepare_part(job, lambda t, f, i=i: progress.update(i, t, f),
+        part_writer.prepare_part(job, lambda t, f, e, i=i: progress.update(i, t, f, e),
                                  keep_tokenizer=True)
     finally:
       part_writer.release_tokenizer()
@@ -74,10 +74,13 @@ class Progress:
     self.total = sum(self.sizes) + sum(j.part.bytes for j in self.others)
     self.unit = "examples" if jobs and jobs[0].part.examples else "MiB"
     self.done: dict[int, tuple[int, float]] = {}  # job -> (tokens, share of its size)
+    self.examples: dict[int, int] = {}  # job -> examples written so far
     self.others_done: dict[int, int] = {}  # other job -> tokens
 
-  def update(self, job: int, tokens: int, share: float) -> None:
+  def update(self, job: int, tokens: int, share: float, examples: int | None = None) -> None:
     self.done[job] = (tokens, min(share, 1.0))
+    if examples is not None:
+      self.examples[job] = examples
     now = time.monotonic()
     if now >= self.next:
       self.next = now + PROGRESS_SECONDS
@@ -94,7 +97,9 @@ class Progress:
     self._look_at_others()
     tokens = sum(t for t, _ in self.done.values()) + sum(self.others_done.values())
     rate = tokens / max(now - self.start, 1e-9)
-    out = f"  ... {tokens} tokens, {rate:.0f} tokens/s{self.label}"
+    # Examples too: pairs of huge documents are made for a while with no new tokens.
+    out = f"  ... {tokens} tokens, {rate:.0f} tokens/s, {sum(self.examples.values())} examples"
+    out += self.label
     done = (sum(s * self.sizes[j] for j, (_, s) in self.done.items()) +
             sum(self.others[i].part.bytes for i in self.others_done)) / max(self.total, 1)
     if self.total and done > 0:
@@ -168,7 +173,7 @@ class _Pool:
           f"({how}{', out of memory?' if code == -signal.SIGKILL else ''}); nothing was "
           "cached: rerun to prepare what is missing (finished parts are kept)") from None
     if msg[0] == "progress":
-      self.progress.update(w.job, msg[1], msg[2])
+      self.progress.update(w.job, msg[1], msg[2], msg[3])
     elif msg[0] == "done":
       self.progress.update(w.job, self.progress.done.get(w.job, (0, 0))[0], 1.0)
       w.job = None
@@ -183,7 +188,7 @@ def worker_main() -> None:
   os.dup2(2, 1)  # anything printed goes to stderr, never into the answers
   jobs = Connection(os.dup(0), writable=False)
   while (job := jobs.recv()) is not None:
-    report = lambda tokens, share: answers.send(("progress", tokens, share))
+    report = lambda tokens, share, examples: answers.send(("progress", tokens, share, examples))
     try:
       part_writer.prepare_part(job, report, keep_tokenizer=True)
     except BertJaxError as e:

@@ -58,7 +58,8 @@ PART_FILE = "part.json"  # a part's counts and files; written last
 _WRITER_OPTIONS = "group_size:1,uncompressed"
 _REPORT_SECONDS = 1.0
 
-Report = Callable[[int, float], None]  # (tokens so far, share of the part's bytes done)
+# (tokens so far, share of the part's bytes done, examples written so far)
+Report = Callable[[int, float, int], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +94,9 @@ def prepare_part(job: PartJob, report: Report, keep_tokenizer: bool = False) -> 
     tokenizer = _tokenizer(job.tokenizer_dir) if keep_tokenizer else Tokenizer.load(
         job.tokenizer_dir)
     out_dirs = {l: os.path.join(staging, f"seq{l}") for l in job.seq_lens}
+    # Created here, not at the first record: a part may yield no examples (one
+    # document, which has no NotNext partner in its window), and still is a part.
+    os.makedirs(staging, exist_ok=True)
     stats = _PartWriter(job, tokenizer, out_dirs, report).run()
     write_json(os.path.join(staging, PART_FILE), stats)
     try:
@@ -284,7 +288,7 @@ class _PartWriter:
   def run(self) -> dict:
     """Writes the records; returns the part's counts (PART_FILE)."""
     self.started = time.time()
-    next_report = time.monotonic() + _REPORT_SECONDS
+    self.next_report = time.monotonic() + _REPORT_SECONDS
     eval_full = False
     try:
       docs = part_documents(self.c, self.job.part, self.job.fmt, self.job.seed,
@@ -298,16 +302,24 @@ class _PartWriter:
         self._emit(split, self.buffers[split].add(ids, lengths))
         eval_full = bool(self.cap) and all(self.writers[(l, "eval")].count >= self.cap
                                            for l in self.seq_lens)
-        if time.monotonic() >= next_report:
-          next_report = time.monotonic() + _REPORT_SECONDS
-          self.report(self.counts["tokens"], self._share_done())
+        self._maybe_report()
       for split, buffer in self.buffers.items():
         self._emit(split, buffer.finish())
     finally:
       for writer in self.writers.values():
         writer.close()
-    self.report(self.counts["tokens"], 1.0)
+    self.report(self.counts["tokens"], 1.0, self._examples())
     return self._stats()
+
+  def _examples(self) -> int:
+    return sum(w.count for w in self.writers.values())
+
+  def _maybe_report(self) -> None:
+    """Progress every _REPORT_SECONDS, from tokenising and from making pairs alike (a
+    window of a few huge documents makes pairs for a while with no new tokens)."""
+    if time.monotonic() >= self.next_report:
+      self.next_report = time.monotonic() + _REPORT_SECONDS
+      self.report(self.counts["tokens"], self._share_done(), self._examples())
 
   def _share_done(self) -> float:
     """Of the part's size: bytes (counted as characters) or TFDS examples."""
@@ -340,6 +352,7 @@ class _PartWriter:
       rows = _rows(window.tokens_T, np.asarray(block, np.int64), l, self.tokenizer, self.dtype)
       writer.write_rows(rows)
       writer.tokens += int(rows[:, 1].sum(dtype=np.int64))
+      self._maybe_report()
       if limit is not None and writer.count >= limit:
         break
 

@@ -47,7 +47,7 @@ def lock_path(workdir: str, process_index: int = 0) -> str:
 
 
 @contextlib.contextmanager
-def hold(workdir: str, process_index: int = 0) -> Iterator[dict]:
+def hold(workdir: str, process_index: int = 0, lock_file: str | None = None) -> Iterator[dict]:
   """Holds the workdir's lock for `process_index` inside the `with` block.
 
   Creates the workdir if needed (and removes it again on exit if this call
@@ -55,7 +55,9 @@ def hold(workdir: str, process_index: int = 0) -> Iterator[dict]:
   nothing). Yields the holder record written into the lock file. Raises
   WorkdirInUse (one line naming the workdir and the holder) if a live
   process holds it, ConfigError if the lock file cannot be made or written (a
-  full or read-only disk), with nothing of the run touched.
+  full or read-only disk), with nothing of the run touched. `lock_file`: another
+  name than `.lock-<process_index>` in `workdir` (an output that is replaced whole
+  at its end locks a file beside it).
   """
   workdir = os.path.abspath(workdir)
   made = not os.path.exists(workdir)
@@ -67,7 +69,8 @@ def hold(workdir: str, process_index: int = 0) -> Iterator[dict]:
   except OSError as e:
     raise ConfigError(f"workdir {workdir}: cannot create it ({e.strerror}); expected a "
                       "writable --workdir") from None
-  path = lock_path(workdir, process_index)
+  path = lock_path(workdir, process_index) if lock_file is None else os.path.join(
+      workdir, lock_file)
   fd = None
   try:
     fd = _acquire(workdir, path)

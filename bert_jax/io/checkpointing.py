@@ -9,6 +9,7 @@ any number of devices.
 """
 
 import errno
+import logging
 import os
 import re
 import sys
@@ -21,6 +22,31 @@ from jax.experimental import multihost_utils
 from bert_jax.errors import CheckpointError
 
 ITEMS = ("params", "opt_state", "meta")
+
+
+# A write that fails (a full or read-only disk) is reported by the caller as one line.
+# Orbax's writer threads add their own account of it on stderr: an absl ERROR with a
+# traceback per thread, and, from TensorStore's callbacks into the save's event loop,
+# closed by then, one unraisable "Event loop is closed" traceback per pending write
+# (dozens). Both are dropped; every other log record and unraisable error goes on.
+class _OrbaxWriterNoise(logging.Filter):
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "_SignalingThread.run() raised an exception" not in record.getMessage()
+
+
+def _quiet_closed_loop(previous):
+  def hook(unraisable):
+    e = unraisable.exc_value
+    if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+      previous(unraisable)
+  hook.bert_jax = True
+  return hook
+
+
+logging.getLogger("absl").addFilter(_OrbaxWriterNoise())
+if not getattr(sys.unraisablehook, "bert_jax", False):
+  sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
 
 
 def _handlers() -> dict:

@@ -27,12 +27,14 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import Optional
 
 from safetensors.numpy import save_file
 
 from bert_jax import cli as common
+from bert_jax.data.example_store import owner, remove_stale
 from bert_jax.io import checkpointing
 from bert_jax.errors import ConfigError
 from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, POOLER, ConvertError,
@@ -55,19 +57,31 @@ def atomic_output_dir(out_dir: str, overwrite: bool) -> Iterator[str]:
     raise ConfigError(f"output {out_dir} exists and is not empty; pass --overwrite to replace it")
   parent, base = os.path.split(out_dir)
   os.makedirs(parent, exist_ok=True)
-  tmp = os.path.join(parent, f".{base}.tmp-{os.getpid()}")
+  # A killed writer's temporary (`.<base>.tmp-<host>-<pid>` of a dead pid) is debris.
+  remove_stale(parent, f".{base}.")
+  tmp = os.path.join(parent, f".{base}.tmp-{owner()}")
   shutil.rmtree(tmp, ignore_errors=True)
   os.makedirs(tmp)
   try:
     yield tmp
   except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
+    _remove_settled(tmp)
     raise
-  old = os.path.join(parent, f".{base}.old-{os.getpid()}")
+  old = os.path.join(parent, f".{base}.old-{owner()}")
   if os.path.isdir(out_dir):
     os.replace(out_dir, old)
   os.replace(tmp, out_dir)
   shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_settled(path: str, tries: int = 20) -> None:
+  """Removes `path` until it stays removed: after a failed Orbax save (a full disk),
+  TensorStore's writes still in flight can make its folders again for a moment."""
+  for _ in range(tries):
+    shutil.rmtree(path, ignore_errors=True)
+    time.sleep(0.1)
+    if not os.path.exists(path):
+      return
 
 
 def _save_imported(out_dir: str, overwrite: bool, params: dict, meta: dict) -> str:
