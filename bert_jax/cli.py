@@ -17,11 +17,46 @@ from typing import Optional
 from bert_jax.errors import BertJaxError, ConfigError
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+  """Each flag's default after its help, unless it has none or the help says it."""
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    if (action.default not in (None, False, argparse.SUPPRESS) and "default" not in text
+        and action.option_strings):
+      text += f" (default: {action.default})"
+    return text
+
+
 class Parser(argparse.ArgumentParser):
-  """argparse whose usage errors are a ConfigError (one line), not a usage dump."""
+  """argparse whose usage errors are a ConfigError (one line), not a usage dump, and
+  whose help survives a closed pipe (`--help | head`); defaults are shown."""
+
+  def __init__(self, *args, **kwargs):
+    kwargs.setdefault("formatter_class", _DefaultsShown)
+    super().__init__(*args, **kwargs)
 
   def error(self, message):
     raise ConfigError(message)
+
+  def print_help(self, file=None):
+    if file is None:
+      write_stdout(self.format_help())
+    else:
+      super().print_help(file)
+
+
+def write_stdout(text: str) -> None:
+  """`text` to stdout, flushed; a reader that closed the pipe early (`--help | head`)
+  ends the output quietly instead of with a BrokenPipeError traceback."""
+  try:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+  except BrokenPipeError:
+    # Python flushes stdout again at exit: point it at /dev/null so that is quiet too.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def error_line(e: BaseException) -> str:

@@ -83,16 +83,20 @@ def _parser() -> argparse.ArgumentParser:
                  help="results.json and TensorBoard events (default finetune/<task name>)")
   p.add_argument("--learning_rates", default="2e-5,3e-5,5e-5", help="comma-separated")
   p.add_argument("--seeds", default="0,1,2", help="comma-separated; runs per learning rate")
-  p.add_argument("--epochs", type=int, default=3)
+  p.add_argument("--epochs", type=int, default=3,
+                 help="passes over the train split per run (the BERT paper: 2-4)")
   p.add_argument("--batch_size", type=int, default=32, help="global, over all devices")
-  p.add_argument("--eval_batch_size", type=int, default=128)
+  p.add_argument("--eval_batch_size", type=int, default=128, help="dev batches, global")
   p.add_argument("--max_length", type=int, default=None,
                  help="tokens per example incl. [CLS]/[SEP] (default 128, or the "
                  "checkpoint's max_position_embeddings if fewer)")
-  p.add_argument("--warmup_fraction", type=float, default=0.1)
-  p.add_argument("--weight_decay", type=float, default=0.01)
+  p.add_argument("--warmup_fraction", type=float, default=0.1,
+                 help="share of the steps with a linear learning-rate warm-up")
+  p.add_argument("--weight_decay", type=float, default=0.01,
+                 help="decoupled (AdamW), not on LayerNorm or biases")
   p.add_argument("--max_grad_norm", type=float, default=1.0, help="0 = no clipping")
-  p.add_argument("--head_dropout", type=float, default=0.1)
+  p.add_argument("--head_dropout", type=float, default=0.1,
+                 help="dropout before the classifier head")
   p.add_argument("--dtype", default=None,
                  help="compute dtype: float32, bfloat16, float16 (default: the checkpoint's)")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
@@ -106,8 +110,8 @@ def _parser() -> argparse.ArgumentParser:
                  "three flags below are given)")
   p.add_argument("--coordinator_address", default=None,
                  help="host:port of process 0's coordinator (implies --jax_distributed)")
-  p.add_argument("--num_processes", type=int, default=None)
-  p.add_argument("--process_id", type=int, default=None)
+  p.add_argument("--num_processes", type=int, default=None, help="processes in the run")
+  p.add_argument("--process_id", type=int, default=None, help="this process's index")
   p.add_argument("--distributed_timeout", type=int, default=120,
                  help="seconds for all processes to join; then one error line and exit 2")
   return p

@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 from bert_jax import cli as common, console, settings as settings_lib
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.train_cli import flag_error, parse_flags
+from bert_jax.train_cli import HELP_ARGS, flag_error, parse_flags, resolve_config_names
 
 flags.DEFINE_string("topology", "", "TPU slice to compile for (e.g. v4-8, v5e-16, v5p-8, "
                     "v6e-8, or libtpu's v4:2x2x1); '' = this machine's devices.")
@@ -82,11 +82,18 @@ def _main(argv):
 def main() -> None:
   """`bert-jax-plan`: the package's default config unless --config is given."""
   default = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_config.py")
+  sys.argv[:] = resolve_config_names(sys.argv)
   try:
     config_flags.DEFINE_config_file("config", default, "Config file (ml_collections).",
                                     lock_config=True)
   except (AttributeError, KeyError) as e:
     flag_error(e)
+  if any(a in HELP_ARGS for a in sys.argv[1:]):  # absl's own help exits 1: "does not fit"
+    parse_flags([sys.argv[0]] + [a for a in sys.argv[1:] if a not in HELP_ARGS])
+    full = "--helpfull" in sys.argv[1:]
+    common.write_stdout(__doc__.strip() + "\n\nflags:\n" + (
+        FLAGS.get_help() if full else FLAGS.module_help(__name__)) + "\n")
+    sys.exit(0)
   app.run(_main, flags_parser=parse_flags)
 
 

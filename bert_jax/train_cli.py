@@ -1,6 +1,9 @@
 """The pre-training command line: `train.py`, or `bert-jax-train` once installed.
 
-  bert-jax-train --config configs/tiny.py --workdir runs/tiny [--config.FIELD=VALUE ...]
+  bert-jax-train --config tiny --workdir runs/tiny [--config.FIELD=VALUE ...]
+
+--config is a config file, or the name of one the package ships: tiny, base,
+large or default (BERT-Base, the reference recipe; the installed command's default).
 
 Rerunning with the same --workdir resumes from its latest checkpoint.
 
@@ -18,6 +21,7 @@ from typing import NoReturn
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bert_jax import cli as common
 from bert_jax.dist import host_malloc, startup
 from bert_jax.errors import BertJaxError, Preempted
 from bert_jax.trainer import train_and_evaluate
@@ -47,10 +51,38 @@ def flag_error(e: BaseException) -> NoReturn:
     text += "; expected the flags that --helpfull lists"
   elif isinstance(e, OSError):  # a --config file that cannot be loaded
     why = re.search(r"\[Errno \d+\] (.*)", text)
-    text = (f"--config: {why.group(1) if why else text}; expected a config file such as "
-            "configs/tiny.py")
+    text = (f"--config: {why.group(1) if why else text}; expected a config file, or one "
+            f"of {', '.join(CONFIG_NAMES)}")
   print(f"error: {text}", file=sys.stderr)
   sys.exit(2)
+
+
+CONFIG_NAMES = ("tiny", "base", "large", "default")
+
+
+def configs_dir() -> str:
+  """The shipped configs: the repo's configs/ in a checkout, bert_jax/configs installed."""
+  package = os.path.dirname(os.path.abspath(__file__))
+  repo = os.path.join(os.path.dirname(package), "configs")
+  return repo if os.path.isfile(os.path.join(repo, "tiny.py")) else os.path.join(package,
+                                                                                 "configs")
+
+
+def resolve_config_names(argv: list[str]) -> list[str]:
+  """`--config tiny` (a shipped config's name, not a file here) -> its file's path."""
+  out = list(argv)
+  for i, arg in enumerate(out):
+    if arg.startswith("--config="):
+      name, prefix = arg.split("=", 1)[1], "--config="
+    elif arg == "--config" and i + 1 < len(out):
+      continue  # the value is the next argument: handled there
+    elif i > 0 and out[i - 1] == "--config":
+      name, prefix = arg, ""
+    else:
+      continue
+    if name in CONFIG_NAMES and not os.path.exists(name):
+      out[i] = prefix + os.path.join(configs_dir(), f"{name}.py")
+  return out
 
 
 def define_flags(default_config: str, default_workdir: str) -> None:
@@ -136,7 +168,7 @@ def _main(argv):
     sys.exit(130)
 
 
-_HELP_ARGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+HELP_ARGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
 
 
 def config_meanings() -> dict[str, str]:
@@ -174,26 +206,27 @@ def _config_fields(config, prefix: str = "") -> list[tuple[str, object]]:
 
 def _print_help(argv: list[str]) -> NoReturn:
   """--help: the flags, then every --config.* field with its value and meaning; exit 0."""
-  parse_flags([argv[0]] + [a for a in argv[1:] if a not in _HELP_ARGS])
+  parse_flags([argv[0]] + [a for a in argv[1:] if a not in HELP_ARGS])
   full = "--helpfull" in argv[1:]
-  print(__doc__.strip().split("\n\n")[1] if not full else __doc__.strip())
-  print("\nflags:")
-  print(FLAGS.get_help() if full else FLAGS.module_help(__name__))
+  lines = [__doc__.strip().split("\n\n")[1] if not full else __doc__.strip(), "\nflags:",
+           FLAGS.get_help() if full else FLAGS.module_help(__name__)]
   meanings = config_meanings()
   fields = _config_fields(FLAGS.config)
   width = max(len(f"--config.{k}={v!r}") for k, v in fields)
-  print(f"\nconfig fields (defaults from {FLAGS['config'].serialize().split('=', 1)[-1]} "
-        "with the overrides given; change one with --config.FIELD=VALUE):")
+  lines.append(f"\nconfig fields (defaults from {FLAGS['config'].serialize().split('=', 1)[-1]} "
+               "with the overrides given; change one with --config.FIELD=VALUE):")
   for key, value in fields:
     shown = f"'{value}'" if isinstance(value, str) else str(value).replace(" ", "")
-    print(f"  {f'--config.{key}={shown}':<{width}}  {meanings.get(key, '')}".rstrip())
+    lines.append(f"  {f'--config.{key}={shown}':<{width}}  {meanings.get(key, '')}".rstrip())
+  common.write_stdout("\n".join(lines) + "\n")
   sys.exit(0)
 
 
 def run(default_config: str, default_workdir: str) -> None:
   """Parses the flags (with these defaults) and trains."""
+  sys.argv[:] = resolve_config_names(sys.argv)
   define_flags(default_config, default_workdir)
-  if any(a in _HELP_ARGS for a in sys.argv[1:]):
+  if any(a in HELP_ARGS for a in sys.argv[1:]):
     _print_help(sys.argv)
   app.run(_main, flags_parser=parse_flags)
 

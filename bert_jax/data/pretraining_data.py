@@ -349,9 +349,8 @@ def _truncated(a_start: int, a_len: int, b_start: int, b_len: int, label: int,
           b_len - b_front - b_back, label)
 
 
-# Up to this many cuts a pair draws its sides exactly as trimming one token at a
-# time would (the reference's draws); above, per side one binomial count seeded by
-# a single draw (a deviation: docs/deviations.md). 65536 cuts cost ~2 ms.
+# Up to this many cuts (~2 ms), the reference's draws; above, one binomial count per
+# side, seeded by one draw (a deviation: docs/deviations.md).
 EXACT_CUTS = 1 << 16
 
 
@@ -360,18 +359,15 @@ def _trim_counts(a_len: int, b_len: int, max_num_tokens: int,
   """(front, back) tokens to cut from A and from B: `truncate_seq_pair` on lengths.
 
   Which side loses each token does not depend on the draws: the longer side
-  alone until the two are within one (ties cut B), then B and A in turn. So
-  the cuts per side are closed forms, and only the front/back choice of each
-  cut is random (one `random() < 0.5` per cut, in the reference's order).
-  O(1) Python steps per pair; the draws of up to EXACT_CUTS cuts come from one
-  call (a pair of two 1M-token sentences: ~60 ms as one call, seconds as a loop).
+  alone until the two are within one (ties cut B), then B and A in turn (after
+  A's cuts the two are equal and a tie cuts B; after B's, B is one shorter). So
+  the cuts per side are closed forms, and only each cut's front/back choice is
+  random (one `random() < 0.5` per cut, in the reference's order): O(1) Python
+  steps per pair, the draws of up to EXACT_CUTS cuts in one call.
   """
   excess = a_len + b_len - max_num_tokens
   if excess <= 0:
     return 0, 0, 0, 0
-  # Phase 1: the longer side alone. Phase 2: turns, starting with the side
-  # phase 1 did not cut (after A's cuts the two are equal and a tie cuts B;
-  # after B's, B is one shorter and A is cut).
   first_is_a = a_len > b_len
   d1 = min(a_len - b_len, excess) if first_is_a else min(b_len - a_len + 1, excess)
   e2 = excess - d1
@@ -385,8 +381,7 @@ def _trim_counts(a_len: int, b_len: int, max_num_tokens: int,
     front_N = _front_draws(excess, rng)
     # A's cuts: phase 1's if they were A's, and every other draw of phase 2
     # (the even turns when A went first there, the odd ones otherwise).
-    phase2 = front_N[d1:]
-    a_turns = phase2[1::2] if first_is_a else phase2[0::2]
+    a_turns = front_N[d1 + 1::2] if first_is_a else front_N[d1::2]
     a_front = int(np.count_nonzero(a_turns)) + (int(np.count_nonzero(front_N[:d1]))
                                                  if first_is_a else 0)
     b_front = int(np.count_nonzero(front_N)) - a_front
@@ -394,15 +389,10 @@ def _trim_counts(a_len: int, b_len: int, max_num_tokens: int,
 
 
 def _front_draws(k: int, rng: random.Random) -> np.ndarray:
-  """bool [k]: k draws `rng.random() < 0.5`, leaving rng as those draws would.
-
-  Random side so the model does not learn that text always ends at a boundary.
-  CPython's random() uses two 32-bit Mersenne Twister outputs and is < 0.5
-  exactly when the first one's top bit is 0; getrandbits(64 k) returns the
-  same 2k outputs, first output in the lowest 32 bits. So a long sentence's
-  cuts cost one call, not one per token (tests/test_pretraining_data.py
-  checks the equivalence).
-  """
+  """bool [k]: k draws `rng.random() < 0.5` (a random side, so text does not always end
+  at a boundary), leaving rng as those draws would. random() uses two 32-bit Mersenne
+  Twister outputs and is < 0.5 exactly when the first one's top bit is 0;
+  getrandbits(64 k) returns the same 2k outputs, first in the lowest 32 bits."""
   if k < 64:
     draw = rng.random
     return np.fromiter((draw() < 0.5 for _ in range(k)), bool, k)

@@ -1,0 +1,77 @@
+"""What a new user meets first: every command's --help through a pipe that closes
+early (`| head`), exit codes of help, and the installed command's help outside the repo
+naming configs it ships."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tools import soak_kill
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMANDS = {
+    "train.py": [sys.executable, os.path.join(ROOT, "train.py")],
+    "plan": [sys.executable, "-m", "bert_jax.plan"],
+    "finetune": [sys.executable, "-m", "bert_jax.finetune"],
+    "probe": [sys.executable, "-m", "bert_jax.probe"],
+    "features": [sys.executable, "-m", "bert_jax.features"],
+    "convert": [sys.executable, "-m", "bert_jax.io.convert"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_through_a_pipe_closed_after_one_line_is_quiet_and_exits_0(name):
+  proc = subprocess.Popen([*COMMANDS[name], "--help"], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=soak_kill.subprocess_env())
+  first = proc.stdout.readline()
+  proc.stdout.close()  # as `| head -1` does
+  stderr = proc.stderr.read().decode()
+  rc = proc.wait(timeout=120)
+  assert first.strip() and rc == 0, (rc, stderr[-2000:])
+  assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr[-2000:]
+
+
+def test_plan_help_exits_0_not_the_does_not_fit_status():
+  proc = subprocess.run([*COMMANDS["plan"], "--help"], cwd=ROOT, capture_output=True,
+                        text=True, env=soak_kill.subprocess_env(), timeout=120)
+  assert proc.returncode == 0 and "--topology" in proc.stdout
+
+
+def test_a_config_by_name_resolves_to_the_shipped_file(tmp_path):
+  from bert_jax import train_cli  # pylint: disable=import-outside-toplevel
+  (tmp_path / "mine.py").write_text("")
+  argv = ["train.py", "--config", "base", "--config=large", "--config",
+          str(tmp_path / "mine.py"), "--workdir", "tiny"]
+  out = train_cli.resolve_config_names(argv)
+  assert out[2] == os.path.join(ROOT, "configs", "base.py")
+  assert out[3] == "--config=" + os.path.join(ROOT, "configs", "large.py")
+  assert out[4:] == argv[4:]  # a file stays a file; other flags' values are not configs
+
+
+@pytest.mark.slow
+def test_the_installed_train_command_outside_the_repo_shows_and_takes_its_own_configs(
+    tmp_path):
+  site, src = tmp_path / "site", tmp_path / "src"  # built from a copy: no build/ in the repo
+  for name in ("bert_jax", "configs"):
+    shutil.copytree(os.path.join(ROOT, name), src / name,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+  shutil.copy(os.path.join(ROOT, "pyproject.toml"), src)
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                  "--no-build-isolation", "--target", str(site), str(src)], check=True,
+                 capture_output=True, timeout=300, cwd=str(tmp_path))
+  env = {**soak_kill.subprocess_env(), "PYTHONPATH": str(site)}
+  run = lambda *args: subprocess.run(
+      [sys.executable, "-c", "import sys; from bert_jax.commands import train; "
+       "sys.argv[0] = 'bert-jax-train'; train()", *args], cwd=str(tmp_path),
+      capture_output=True, text=True, env=env, timeout=120)
+  usage = run("--help")
+  assert usage.returncode == 0, usage.stderr[-2000:]
+  assert "--config tiny" in usage.stdout and "configs/tiny.py" not in usage.stdout
+  tiny = run("--config", "tiny", "--help")  # the line a user copies from that help
+  assert tiny.returncode == 0, tiny.stderr[-2000:]
+  shipped = os.path.join(str(site), "bert_jax", "configs", "tiny.py")
+  assert f"defaults from {shipped}" in tiny.stdout
+  assert "--config.train.num_steps=1200" in tiny.stdout  # tiny's, not BERT-Base's 1,000,000
