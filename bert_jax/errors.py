@@ -43,3 +43,15 @@ class Preempted(BertJaxError):
 
 class TaskError(BertJaxError):
   """A downstream task (GLUE or plain task directory, TFDS, built-in) that cannot be read."""
+
+
+class Terminated(KeyboardInterrupt):
+  """SIGTERM before training started (preparing data, compiling): nothing to checkpoint.
+
+  A KeyboardInterrupt, so what cleans up after Ctrl-C (workers stopped, finished
+  parts kept) does the same; the command prints one line and exits 143.
+  """
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum

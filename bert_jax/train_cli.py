@@ -15,6 +15,7 @@ rerun the same command to resume.
 
 import os
 import re
+import signal
 import sys
 from typing import NoReturn
 
@@ -23,7 +24,7 @@ from ml_collections import config_flags
 
 from bert_jax import cli as common
 from bert_jax.dist import host_malloc, startup
-from bert_jax.errors import BertJaxError, Preempted
+from bert_jax.errors import BertJaxError, Preempted, Terminated
 from bert_jax.trainer import train_and_evaluate
 
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
@@ -153,6 +154,9 @@ def _main(argv):
     if FLAGS.jax_distributed or any(v is not None for v in explicit):
       startup.initialize_distributed(*explicit,
                                       initialization_timeout=FLAGS.distributed_timeout)
+    # Until training installs its own handler (checkpoint, then stop), SIGTERM stops
+    # what is under way (preparing data, compiling) as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _terminated)
     train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except Preempted as e:  # SIGTERM/SIGINT during training: checkpointed, resumable
     _last_line(f"interrupted: {e}")
@@ -163,9 +167,17 @@ def _main(argv):
     if threads_failed:
       _exit_now(2)  # a failed background write never keeps the process alive
     sys.exit(2)
-  except KeyboardInterrupt:  # Ctrl-C before training started (e.g. preparing data)
-    print("interrupted", file=sys.stderr)
-    sys.exit(130)
+  except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM before training started
+    signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+    _last_line(f"interrupted: {signal.Signals(signum).name} before training started (while "
+               "preparing data or compiling); nothing to checkpoint yet: rerun the same "
+               "command to go on (finished parts of the data are kept)")
+    sys.exit(128 + signum)
+
+
+def _terminated(signum, frame) -> NoReturn:
+  del frame
+  raise Terminated(signum)
 
 
 HELP_ARGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")

@@ -17,8 +17,9 @@ import time
 
 import pytest
 
-from bert_jax.data import corpus, corpus_parts, dataset
+from bert_jax.data import corpus, corpus_parts, dataset, part_pool
 from bert_jax.settings import DataSettings
+from tools import soak_kill
 from tools.bench_prepare import make_synthetic_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,6 +75,7 @@ def test_a_small_corpus_is_one_part_as_before(text):
 
 def test_the_same_bytes_for_1_2_and_3_workers(tmp_path, monkeypatch, text):
   monkeypatch.setattr(corpus_parts, "PART_BYTES", 60_000)
+  monkeypatch.setattr(part_pool, "usable_cores", lambda: 3)  # workers are capped at the cores
   found = {}
   for workers in (1, 2, 3):
     p = dataset.prepare(settings(text, num_workers=workers), [32, 64],
@@ -159,6 +161,58 @@ def test_a_killed_worker_stops_with_one_line_and_a_rerun_completes_the_same_byte
 
 
 @pytest.mark.slow
+def _wait_for_a_finished_part(cache: str, proc: subprocess.Popen) -> None:
+  deadline = time.monotonic() + 120
+  while time.monotonic() < deadline and proc.poll() is None:
+    if [p for p in glob.glob(os.path.join(cache, "**", ".*.parts-seq*", "part-*"),
+                             recursive=True) if ".tmp-" not in p]:
+      return
+    time.sleep(0.05)
+  raise AssertionError(f"no part finished (rc {proc.poll()})")
+
+
+@pytest.mark.slow
+def test_orphaned_workers_of_a_killed_preparation_leave_quietly(tmp_path):
+  text = make_synthetic_corpus(str(tmp_path / "corpus.txt"), 0.6)
+  cache = str(tmp_path / "cache")
+  proc = _prepare_in_subprocess(text, cache, 2)
+  _wait_for_a_finished_part(cache, proc)
+  proc.kill()
+  # The workers inherited its stderr: EOF once the last of them has gone.
+  _, err = proc.communicate(timeout=60)
+  assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
+  assert not [p for p in glob.glob(os.path.join(cache, ".*.parts-seq64", "part-*.tmp-*"))
+              if _pid_alive(int(p.rpartition("-")[2]))]  # no worker still writing
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  return True
+
+
+@pytest.mark.slow
+def test_sigterm_while_preparing_is_one_interrupted_line_and_exit_143(tmp_path):
+  text = make_synthetic_corpus(str(tmp_path / "corpus.txt"), 0.6)
+  workdir = tmp_path / "run"
+  env = {**soak_kill.subprocess_env(), "BERT_JAX_PREPARE_PART_BYTES": "150000"}
+  proc = subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "train.py"), "--workdir", str(workdir),
+       f"--config.data.corpus={text}", "--config.data.num_workers=2",
+       "--config.data.dupe_factor=20", "--config.train.num_steps=2"],
+      cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      start_new_session=True)
+  _wait_for_a_finished_part(str(workdir), proc)
+  os.killpg(proc.pid, signal.SIGTERM)  # the whole group, as a scheduler or `timeout` does
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 143, err[-3000:]
+  lines = [l for l in err.splitlines() if l.strip()]
+  assert lines[-1].startswith("interrupted: SIGTERM before training started"), err[-3000:]
+  assert "Traceback" not in err and "error:" not in err, err[-3000:]
+
+
 def test_two_processes_prepare_together_on_a_shared_cache_as_one_process(tmp_path, monkeypatch):
   # 2 processes x 4 CPU devices prepare the parts of one shared cache (process i
   # the parts i mod 2) and train; the reference is one process with 8 devices.
@@ -193,6 +247,21 @@ def test_progress_gives_tokens_per_second_and_the_time_left(monkeypatch, tmp_pat
   line = progress.line(110.0)
   assert "10000000 tokens, 1000000 tokens/s, 320 examples (process 0 of 2)" in line
   assert "62% of 400 MiB, about 6 s left" in line  # 10 s for 5/8: 6 s more
+
+
+def test_more_workers_than_cores_are_capped_at_the_cores_with_one_warning(
+    tmp_path, monkeypatch, text, capsys):
+  monkeypatch.setattr(corpus_parts, "PART_BYTES", 60_000)
+  monkeypatch.setattr(part_pool, "usable_cores", lambda: 2)
+  started = []
+  real = part_pool.run
+  monkeypatch.setattr(part_pool, "run", lambda jobs, workers, *a: (started.append(workers),
+                                                                    real(jobs, workers, *a)))
+  dataset.prepare(settings(text, num_workers=1000), [32], str(tmp_path / "cache"), seed=0)
+  assert started == [2]
+  warnings = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning:")]
+  assert warnings == ["warning: --config.data.num_workers=1000: this host has 2 usable "
+                      "core(s); preparing with 2 worker(s)"]
 
 
 def test_a_bad_num_workers_is_one_line():

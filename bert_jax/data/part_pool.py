@@ -186,11 +186,26 @@ def worker_main() -> None:
   """A worker's loop: jobs from stdin until None, answers on the original stdout."""
   answers = Connection(os.dup(1), readable=False)
   os.dup2(2, 1)  # anything printed goes to stderr, never into the answers
+  # Ctrl-C and SIGTERM reach the whole process group: the parent decides (it stops its
+  # workers as it stops); a worker whose parent is gone ends at its next answer.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
   jobs = Connection(os.dup(0), writable=False)
+  try:
+    _serve(jobs, answers)
+  except (BrokenPipeError, ConnectionResetError, EOFError):
+    # The parent is gone (killed, or stopped by SIGTERM): nobody to answer. The part
+    # in hand removed its staging folder on the way out; leave without a traceback.
+    os._exit(0)  # pylint: disable=protected-access
+
+
+def _serve(jobs: Connection, answers: Connection) -> None:
   while (job := jobs.recv()) is not None:
     report = lambda tokens, share, examples: answers.send(("progress", tokens, share, examples))
     try:
       part_writer.prepare_part(job, report, keep_tokenizer=True)
+    except (BrokenPipeError, ConnectionResetError):
+      raise
     except BertJaxError as e:
       answers.send(("error", type(e).__name__, str(e)))
       continue
