@@ -213,6 +213,43 @@ def test_sigterm_while_preparing_is_one_interrupted_line_and_exit_143(tmp_path):
   assert "Traceback" not in err and "error:" not in err, err[-3000:]
 
 
+FULL_CACHE_DRIVER = r"""
+import subprocess, sys
+mnt, corpus, workers, root = sys.argv[1:5]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", mnt], check=True)
+sys.path.insert(0, root)
+from bert_jax.data import dataset
+from bert_jax.errors import BertJaxError
+from bert_jax.settings import DataSettings
+try:
+  dataset.prepare(DataSettings(corpus=corpus, vocab_size=400, dupe_factor=5,
+                               num_workers=int(workers)), [64], mnt + "/cache", seed=0)
+except BertJaxError as e:
+  print(f"error: {e}", file=sys.stderr)
+  sys.exit(2)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_really_full_cache_disk_is_one_line_naming_the_cache_dir(tmp_path, workers):
+  # A record writer's ENOSPC is array_record's RuntimeError, and a worker's error
+  # crossed to the parent as text: one was a traceback, the other named no setting.
+  if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+    pytest.skip("no private mount namespace here (unshare -rm)")
+  text = make_synthetic_corpus(str(tmp_path / "corpus.txt"), 1.0)
+  mnt = tmp_path / "mnt"
+  mnt.mkdir()
+  env = {**soak_kill.subprocess_env(), "BERT_JAX_PREPARE_PART_BYTES": "150000"}
+  proc = subprocess.run(["unshare", "-rm", sys.executable, "-c", FULL_CACHE_DRIVER, str(mnt),
+                         text, str(workers), ROOT], capture_output=True, text=True, env=env,
+                        timeout=300)
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+  assert errors[0].startswith("error: config.data.cache_dir: cannot write prepared data in")
+  assert "No space left on device" in errors[0] and "Traceback" not in proc.stderr
+
+
 def test_two_processes_prepare_together_on_a_shared_cache_as_one_process(tmp_path, monkeypatch):
   # 2 processes x 4 CPU devices prepare the parts of one shared cache (process i
   # the parts i mod 2) and train; the reference is one process with 8 devices.

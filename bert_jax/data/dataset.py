@@ -48,7 +48,7 @@ from bert_jax.data.example_store import (  # noqa: F401  (re-exported: the data'
     owner, remove_stale, seq_dir, shard_path, write_json)
 from bert_jax.data.part_writer import split_documents  # noqa: F401
 from bert_jax.data.prepared_check import (  # noqa: F401
-    PreparedDataError, check_corpus_unchanged, check_seq_dir, is_complete, writable,
+    CacheDirError, PreparedDataError, check_corpus_unchanged, check_seq_dir, is_complete, writable,
     write_manifest)
 from bert_jax.data.tokenizer import Tokenizer
 
@@ -221,9 +221,11 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
       part_pool.run(mine, workers, label, others)
   except BaseException as e:
     # Finished parts are kept for a rerun, unless the input is bad (nothing to resume).
-    bad_input = isinstance(e, BertJaxError) and not isinstance(e, part_pool.PreparationError)
+    bad_input = isinstance(e, BertJaxError) and not isinstance(
+        e, (part_pool.PreparationError, CacheDirError))
     if bad_input or not any(n.startswith("part-") and ".tmp-" not in n
-                            for n in os.listdir(parts_root)):
+                            for n in (os.listdir(parts_root) if os.path.isdir(parts_root)
+                                      else ())):
       shutil.rmtree(parts_root, ignore_errors=True)
     raise
   return Where(directory, settings, False, local)

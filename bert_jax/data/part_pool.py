@@ -26,11 +26,13 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 
 from bert_jax.data import part_writer
+from bert_jax.data.prepared_check import CacheDirError
 from bert_jax.errors import BertJaxError, ConfigError, CorpusError
 
 PROGRESS_SECONDS = 30.0
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_ERRORS = {cls.__name__: cls for cls in (CorpusError, ConfigError, BertJaxError)}
+_ERRORS = {cls.__name__: cls for cls in (CorpusError, ConfigError, BertJaxError,
+                                         CacheDirError)}
 
 
 class PreparationError(BertJaxError):

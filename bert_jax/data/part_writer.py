@@ -34,6 +34,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from bert_jax.data import corpus, corpus_parts, pretraining_data
 from bert_jax.data.example_store import HEADER, owner, shard_path, write_json
+from bert_jax.data.prepared_check import writable
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.errors import CorpusError
 
@@ -90,6 +91,12 @@ def prepare_part(job: PartJob, report: Report, keep_tokenizer: bool = False) -> 
     return  # made by an earlier run that was stopped, or by another host
   globals().update({k: v for k, v in job.tuning.items() if k in TUNING})
   staging = f"{job.directory}.tmp-{owner()}"
+  # A full or read-only cache is one line naming config.data.cache_dir, from a worker too.
+  with writable(os.path.dirname(os.path.dirname(job.directory))):
+    _prepare_part(job, report, keep_tokenizer, staging)
+
+
+def _prepare_part(job: PartJob, report: Report, keep_tokenizer: bool, staging: str) -> None:
   try:
     tokenizer = _tokenizer(job.tokenizer_dir) if keep_tokenizer else Tokenizer.load(
         job.tokenizer_dir)

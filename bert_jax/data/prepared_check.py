@@ -9,6 +9,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator, Sequence
@@ -137,25 +138,43 @@ def _remove(path: str, problem: str) -> None:
     shutil.rmtree(path)
 
 
-_CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+_CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                 errno.EFBIG)
+# The same as array_record's writer reports them: a RuntimeError with the OS's words.
+_CANNOT_WRITE_TEXT = re.compile(r"No space left on device|Read-only file system|"
+                                r"Permission denied|Disk quota exceeded|File too large|"
+                                r"Operation not permitted")
+
+
+class CacheDirError(ConfigError):
+  """The storage of config.data.cache_dir cannot take the prepared data (full, read-only,
+  forbidden): finished parts are kept, so a rerun with space goes on from them."""
 
 
 @contextlib.contextmanager
 def writable(where: str, purpose: str = "") -> Iterator[None]:
-  """An OSError of the storage under `where` (read-only, permission, full) -> one
-  ConfigError line naming config.data.cache_dir."""
+  """An OSError of the storage under `where` (read-only, permission, full), or a record
+  writer's error saying so -> one CacheDirError line naming config.data.cache_dir."""
   try:
     yield
-  except OSError as e:
-    inside = e.filename is None or os.path.abspath(str(e.filename)).startswith(
-        os.path.abspath(where))
-    if e.errno not in _CANNOT_WRITE or not inside:
-      raise
-    raise ConfigError(
-        f"config.data.cache_dir: cannot write prepared data in {where} ({e.strerror}"
-        f"{': ' + str(e.filename) if e.filename else ''}){' ' + purpose if purpose else ''}; "
-        "expected a writable folder with free space: pass another --config.data.cache_dir "
-        "(default <workdir>/prepared) or fix its permissions") from None
+  except (OSError, RuntimeError) as e:
+    where_abs = os.path.abspath(where)
+    if isinstance(e, OSError):
+      inside = e.filename is None or os.path.abspath(str(e.filename)).startswith(where_abs)
+      if e.errno not in _CANNOT_WRITE or not inside:
+        raise
+      why = f"{e.strerror}{': ' + str(e.filename) if e.filename else ''}"
+    else:
+      found = _CANNOT_WRITE_TEXT.search(str(e))
+      path = re.search(r"writing (\S+?);", str(e))
+      if found is None or (path and not os.path.abspath(path.group(1)).startswith(where_abs)):
+        raise
+      why = f"{found.group(0)}{': ' + path.group(1) if path else ''}"
+    raise CacheDirError(
+        f"config.data.cache_dir: cannot write prepared data in {where} ({why})"
+        f"{' ' + purpose if purpose else ''}; expected a writable folder with free space: "
+        "pass another --config.data.cache_dir (default <workdir>/prepared) or make room "
+        "(finished parts are kept for the rerun)") from None
 
 
 def check_corpus_unchanged(c, started_from: Any) -> None:
