@@ -203,6 +203,32 @@ def test_plain_classification_with_pairs_and_unlabelled_test(tmp_path):
   assert t.metric_names == ("accuracy",)
 
 
+def test_a_train_split_of_one_class_is_refused_in_one_line(tmp_path):
+  # A 1-output head would train at loss 0 and report accuracy 1.0 on anything.
+  d = _dir(str(tmp_path), "oneclass", {
+      "train.tsv": ["label\ttext", "yes\ta", "yes\tb"], "dev.tsv": ["label\ttext", "yes\tc"]})
+  with pytest.raises(TaskError, match=r"oneclass: its train split has 1 class \('yes'\); "
+                     "expected examples of at least two classes"):
+    tasks.load_task(d)
+
+
+def test_a_tiny_dev_split_is_one_warning_with_its_resolution(tmp_path, capsys):
+  d = _dir(str(tmp_path), "tinydev", {
+      "train.tsv": ["label\ttext", "yes\ta", "no\tb"], "dev.tsv": ["label\ttext", "yes\tc"]})
+  tasks.load_task(d)
+  assert capsys.readouterr().err.splitlines() == [
+      "warning: task tinydev: dev has 1 example(s), so its accuracy moves in steps of 1.00 "
+      f"(± 0.50 at best); expected at least {tasks.SMALL_DEV}"]
+
+
+def test_a_5_mib_field_is_read_whole(tmp_path):
+  # The csv module's 128 KiB field limit made this "field larger than field limit".
+  long = "word " * (1 << 20)
+  d = _dir(str(tmp_path), "long", {
+      "train.tsv": ["label\ttext", f"yes\t{long}", "no\tb"], "dev.tsv": ["label\ttext", "no\tc"]})
+  assert tasks.load_task(d).splits["train"][0].text_a.strip() == long.strip()
+
+
 def test_plain_word_labels_and_a_labelled_test_file(tmp_path):
   d = _dir(str(tmp_path), "sent", {
       "train.tsv": ["label\ttext", "pos\tgood", "neg\tbad"], "dev.tsv": ["label\ttext", "pos\tfine"],

@@ -53,6 +53,7 @@ import csv
 import io
 import math
 import os
+import sys
 from collections.abc import Sequence
 from typing import Optional
 
@@ -80,6 +81,9 @@ def _rows(path: str) -> list[tuple[int, list[str]]]:
   reader = csv.reader(io.StringIO(_text(path), newline=""), delimiter="\t",
                       quoting=csv.QUOTE_NONE)
   out = []
+  # The csv module's field limit (128 KiB) guards against runaway quoting; with quotes
+  # off and the file in memory already, a long text is just long (truncated later).
+  limit = csv.field_size_limit((1 << 31) - 1)
   try:
     for fields in reader:
       if fields and any(x.strip() for x in fields):
@@ -87,6 +91,8 @@ def _rows(path: str) -> list[tuple[int, list[str]]]:
   except csv.Error as e:
     raise TaskError(f"task file {path}: line {reader.line_num}: {e}; expected "
                     "tab-separated fields") from None
+  finally:
+    csv.field_size_limit(limit)
   if not out:
     raise TaskError(f"task file {path} is empty; expected tab-separated examples")
   out[0][1][0] = out[0][1][0].lstrip("\ufeff")  # a byte order mark is not a column name
@@ -279,8 +285,36 @@ def _load_plain(directory: str) -> Task:
 # Entry point
 
 
+# A dev split below this many examples gives an accuracy that moves in steps of over 2%.
+SMALL_DEV = 50
+
+
 def load_task(spec: str, data_dir: Optional[str] = None) -> Task:
-  """The task `spec` names (module docstring), fully read; bad input is a TaskError."""
+  """The task `spec` names (module docstring), fully read and checked; bad input is a
+  TaskError (a train split of one class), a dev split too small to tell is a warning."""
+  task = _load_task(spec, data_dir)
+  check_usable(task)
+  return task
+
+
+def check_usable(task: Task) -> None:
+  """Refuses a classification task whose train split has one class (a head of one
+  output scores 1.0 on anything); warns of a dev split too small to tell models apart."""
+  if task.kind == CLASSIFICATION:
+    seen = {e.label for e in task.splits.get("train", ())}
+    if len(seen) < 2:
+      only = f" ('{task.labels[next(iter(seen))]}')" if seen else ""
+      raise TaskError(f"task {task.name}: its train split has {len(seen)} class{only}; "
+                      "expected examples of at least two classes")
+  for split in task.eval_splits:
+    n = len(task.splits.get(split, ()))
+    if n < SMALL_DEV:
+      print(f"warning: task {task.name}: {split} has {n} example(s), so its accuracy moves "
+            f"in steps of {1 / max(n, 1):.2f} (± {0.5 / max(n, 1) ** 0.5:.2f} at best); "
+            f"expected at least {SMALL_DEV}", file=sys.stderr, flush=True)
+
+
+def _load_task(spec: str, data_dir: Optional[str] = None) -> Task:
   if not isinstance(spec, str) or not spec.strip():
     raise TaskError(f"task {spec!r}: expected a task directory, tfds:glue/<task> or a "
                     "built-in task name")
