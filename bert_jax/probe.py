@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> dict:
                                  max_length=args.max_length, batch_size=args.batch_size)
   result = probe.probe(ex, task, layers=layers, pooling=args.pooling,
                        max_examples=args.max_examples, seed=args.seed)
-  return {"checkpoint": args.checkpoint, "task": task.name, "task_spec": args.task,
-          "layers": list(layers) if not isinstance(layers, str) else layers,
+  return {"checkpoint": args.checkpoint, "step": ex.step, "task": task.name,
+          "task_spec": args.task, "layers": list(layers) if not isinstance(layers, str) else layers,
           "pooling": args.pooling, "metric_names": list(task.metric_names), **result}
 
 
@@ -95,12 +95,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _main(argv: list[str]) -> None:
   args = _parser().parse_args(common.join_negative_values(argv))
   result = run(args)
-  metric_keys = [k for k in result if "/" in k]
-  for k in metric_keys:
-    print(f"{k}: {result[k]:.4f}")
+  from bert_jax.eval import probe  # pylint: disable=import-outside-toplevel
+  for k in (k for k in result if probe.is_metric(k)):
+    print(f"{k}: {probe.describe_metric(result, k)}")  # `<metric>: <value>` first, for scripts
   penalty = "C" if "C" in result else "alpha"
-  print(f"probe of {args.checkpoint}: {penalty}={result[penalty]:g} picked on held-out train, "
-        f"{int(result['num_train'])} train examples, {result['seconds']:.1f} s", file=sys.stderr)
+  print(f"probe of {args.checkpoint} at step {result['step']}: {penalty}={result[penalty]:g} "
+        f"picked on held-out train, {int(result['num_train'])} train examples, "
+        f"{result['seconds']:.1f} s", file=sys.stderr)
   if args.output is not None:
     common.write_json(args.output, dict(sorted(result.items())))
     print(f"wrote {args.output}", file=sys.stderr)

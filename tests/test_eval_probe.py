@@ -216,7 +216,14 @@ def test_cli_prints_the_metric_and_writes_json(ckpt, tmp_path, capsys):
   stdout = capsys.readouterr().out.strip().splitlines()
   with open(out) as f:
     result = json.load(f)
-  assert stdout == [f"word_order/accuracy: {result['word_order/accuracy']:.4f}"]
+  acc, n = result["word_order/accuracy"], result["word_order/num_eval"]
+  base = result["word_order/majority_accuracy"]
+  below = ", below it" if acc < base else ""
+  # The answer to "is it any good?" in one line: ±, and the best constant guess.
+  assert stdout == [f"word_order/accuracy: {acc:.4f} ± {(acc * (1 - acc) / n) ** 0.5:.4f} "
+                    f"(majority class {base:.4f}{below}; {int(n)} examples)"]
+  assert n == 100 and abs(base - 0.5) <= 0.02  # balanced dev: majority ~0.5
+  assert result["step"] == 3  # which checkpoint of a live workdir was read
   assert result["task"] == "word_order" and result["layers"] == [-2, -1]
   assert result["num_train"] == 100 and result["pooling"] == "mean"
   assert 0.0 <= result["word_order/accuracy"] <= 1.0

@@ -84,6 +84,13 @@ def test_learns_whether_a_word_occurs(data, cli_run):
     labels = [line.split("\t")[0] for line in f.read().splitlines()[1:]]
   majority = max(labels.count("yes"), labels.count("no")) / len(labels)
   assert acc >= 0.9 > majority + 0.2, (acc, majority)
+  # Which checkpoint step was read, and the constant guess the accuracy must beat
+  # (train's most common class, answered on dev).
+  with open(os.path.join(data[2], "train.tsv"), encoding="utf-8") as f:
+    train = [line.split("\t")[0] for line in f.read().splitlines()[1:]]
+  common = max(set(train), key=train.count)
+  assert results["checkpoint_step"] == 0
+  assert results["majority_accuracy"]["dev"] == labels.count(common) / len(labels)
   assert results["devices"] == 8 and results["summary"]["best_learning_rate"] == LR
   assert results["summary"]["best"]["dev"]["accuracy"] == acc  # the median of one seed
   assert results["recipe"]["num_steps"] == EPOCHS * results["recipe"]["steps_per_epoch"]
@@ -231,3 +238,20 @@ def test_mnli_layout_pairs_two_dev_splits_bfloat16(data, tmp_path):
   assert max(max(s) for s in tuner.train_split.segments) == 1
   assert tuner.train_split.num_truncated > 0 and max(tuner.train_split.lengths_N) == 32
   assert {L for _, L in tuner.compiled_lengths} == {16, 32}
+
+
+def test_the_report_names_train_loss_and_sets_dev_accuracy_against_the_majority_class():
+  # word_order once reported 0.4959 under its majority class 0.504 without saying so.
+  run = {"learning_rate": 2e-5, "seed": 0, "train_loss": 0.69, "metrics": {"dev": {
+      "accuracy": 0.4959}}}
+  results = {"eval_splits": ["dev"], "metric_names": ["accuracy"], "runs": [run],
+             "num_examples": {"train": 287, "dev": 123},
+             "majority_accuracy": {"dev": 0.504}, "recipe": {"seeds": [0]},
+             "summary": {"median_by_learning_rate": [
+                 {"learning_rate": 2e-5, "metrics": run["metrics"]}],
+                 "selection": {"split": "dev", "metric": "accuracy"},
+                 "best_learning_rate": 2e-5, "best": run["metrics"]}}
+  lines = finetune_report.format_table(results).splitlines()
+  assert lines[0].split()[:3] == ["lr", "seed", "train"] and "loss" in lines[0]
+  assert lines[-1].endswith("dev accuracy 0.4959 ± 0.0451 (majority class 0.5040; not above "
+                            "it)"), lines[-1]

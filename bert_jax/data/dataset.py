@@ -37,7 +37,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -215,7 +214,7 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
           _shared_tokenizer(c, seed, parts_root, tokenizer))
       jobs = part_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
       mine = _share_of(jobs, share)
-      workers = _workers(c.num_workers, len(mine))
+      workers = part_pool.worker_count(c.num_workers, len(mine))
       label = f" (process {share.index} of {share.count})" if share.count > 1 else ""
       others = [j for j in jobs if j not in mine] if local is None else []
       part_pool.run(mine, workers, label, others)
@@ -229,17 +228,6 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
       shutil.rmtree(parts_root, ignore_errors=True)
     raise
   return Where(directory, settings, False, local)
-
-
-def _workers(asked: int, parts: int) -> int:
-  """`data.num_workers`, at most this host's usable cores: each worker is a process of
-  ~100 MB that only slows the others beyond one per core (1000 asked on 2 cores
-  started one per part). Said once, when more were asked than are used."""
-  cores = part_pool.usable_cores()
-  if asked > cores and parts > cores:
-    print(f"warning: --config.data.num_workers={asked}: this host has {cores} usable "
-          f"core(s); preparing with {cores} worker(s)", file=sys.stderr, flush=True)
-  return min(asked or cores, cores)
 
 
 def _share_of(jobs: list[part_writer.PartJob], share: Share) -> list[part_writer.PartJob]:

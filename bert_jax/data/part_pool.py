@@ -46,6 +46,17 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def worker_count(asked: int, parts: int) -> int:
+  """`data.num_workers` (0: all), at most this host's usable cores: each worker is a
+  process of ~100 MB that only slows the others beyond one per core (1000 asked on 2
+  cores started one per part). Said once, when more were asked than can be used."""
+  cores = usable_cores()
+  if asked > cores and parts > cores:
+    print(f"warning: --config.data.num_workers={asked}: this host has {cores} usable "
+          f"core(s); preparing with {cores} worker(s)", file=sys.stderr, flush=True)
+  return min(asked or cores, cores)
+
+
 def run(jobs: Sequence[part_writer.PartJob], workers: int, label: str = "",
         others: Sequence[part_writer.PartJob] = ()) -> None:
   """Prepares every job's part: in this process when `workers` <= 1 or there is one

@@ -19,10 +19,10 @@ argument of the step, not a constant in it).
 Reported, as GLUE defines them (`eval.metrics.compute`, on every split of
 `task.eval_splits`; MNLI: matched and mismatched): every (learning rate,
 seed) run after its last epoch, and for each learning rate the median over
-seeds; the best learning rate is the one whose median of the task's first
-metric on its first eval split is highest (MosaicBERT's and Cramming's
-report). Dev metrics after each epoch go to TensorBoard too, but only the
-last epoch's count (picking an epoch on dev would be tuning on dev).
+seeds; the best learning rate has the highest median of the task's first metric
+on its first eval split (MosaicBERT's and Cramming's report), set against the
+majority class. Dev metrics after each epoch go to TensorBoard too, but only
+the last epoch's count (picking an epoch on dev would be tuning on dev).
 
   from bert_jax.eval import finetune, finetune_report, tasks
   task = tasks.load_task("glue_data/SST-2")
@@ -59,8 +59,7 @@ from bert_jax.features import extract as features, restore
 from bert_jax.io import checkpointing
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
-from bert_jax.eval import metrics as metrics_lib
-from bert_jax.eval import tasks as tasks_lib
+from bert_jax.eval import finetune_report as report, metrics as metrics_lib, tasks as tasks_lib
 from bert_jax.eval.classifier import SequenceClassifier, init_head
 from bert_jax.eval.finetune_data import Split, encode_split, pad_batch, plan_batches
 from bert_jax.eval.finetune_report import RESULTS_FILE, RunResult, run_name, summarize
@@ -74,8 +73,7 @@ DEFAULT_MAX_LENGTH = 128
 _LOG_EVERY = 20
 
 
-# ----------------------------------------------------------------------------
-# Recipe
+# --- recipe ---
 
 
 def _is_int(v: Any) -> bool:
@@ -109,8 +107,7 @@ class Recipe:
     for s in self.seeds:
       if not _is_int(s) or s < 0:
         raise ConfigError(f"--seeds: {s!r} is not an integer >= 0")
-    if len(set(self.seeds)) != len(self.seeds) or len(set(self.learning_rates)) != len(
-        self.learning_rates):
+    if len(set(self.seeds)) != len(self.seeds) or len(set(self.learning_rates)) != len(self.learning_rates):
       raise ConfigError(f"--learning_rates={self.learning_rates} --seeds={self.seeds}: "
                         "expected each value once")
     for name in ("epochs", "batch_size", "eval_batch_size"):
@@ -345,7 +342,8 @@ class FineTuner:
             + f"; {len(r.learning_rates)} learning rate(s) x {len(r.seeds)} seed(s), "
             f"{r.epochs} epoch(s) of {self.steps_per_epoch} steps (batch {r.batch_size}, "
             f"{self.warmup_steps} warm-up steps), max length {self.max_length}, "
-            f"{self.config.dtype}, {self.mesh.shape[sharding.DATA]} device(s)")
+            f"{self.config.dtype}, {self.mesh.shape[sharding.DATA]} device(s); checkpoint "
+            f"{self.meta.get('checkpoint')} at step {self.meta.get(checkpointing.RESTORED_STEP)}")
 
   def sweep(self, output_dir: Optional[str] = None, progress: Optional[bool] = None) -> dict:
     """Every (learning rate, seed); writes results.json and TensorBoard events to
@@ -403,6 +401,8 @@ class FineTuner:
         "metric_names": list(self.task.metric_names),
         "eval_splits": list(self.task.eval_splits),
         "checkpoint": self.meta.get("checkpoint"),
+        "checkpoint_step": self.meta.get(checkpointing.RESTORED_STEP),
+        "majority_accuracy": report.majority_accuracy(self.task),
         "recipe": {**dataclasses.asdict(r), "max_length": self.max_length,
                    "dtype": self.config.dtype, "steps_per_epoch": self.steps_per_epoch,
                    "num_steps": self.num_steps, "warmup_steps": self.warmup_steps},

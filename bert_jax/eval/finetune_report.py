@@ -61,6 +61,17 @@ def summarize(task: tasks_lib.Task, runs: Sequence[RunResult]) -> dict:
                        "metrics": best_run.metrics}}
 
 
+def majority_accuracy(task: tasks_lib.Task) -> dict[str, float]:
+  """{eval split: accuracy of always answering train's most common class}: the best
+  constant guess (classification only)."""
+  if task.kind != tasks_lib.CLASSIFICATION:
+    return {}
+  labels = [e.label for e in task.splits["train"]]
+  common = max(set(labels), key=labels.count)
+  return {n: float(np.mean([e.label == common for e in task.splits[n]]))
+          for n in task.eval_splits}
+
+
 def format_table(results: dict) -> str:
   """The console report: every run, the medians per learning rate, the best."""
   splits, names = results["eval_splits"], results["metric_names"]
@@ -68,22 +79,36 @@ def format_table(results: dict) -> str:
   head = [f"{s} {m}" if len(splits) > 1 or s != "dev" else m for s, m in cols]
   width = [max(9, len(h)) for h in head]
   fmt = lambda values: "  ".join(f"{v:>{w}.4f}" for v, w in zip(values, width))
-  lines = [f"{'lr':>8}  {'seed':>4}  {'loss':>7}  " + "  ".join(
+  lines = [f"{'lr':>8}  {'seed':>4}  {'train loss':>10}  " + "  ".join(
       f"{h:>{w}}" for h, w in zip(head, width))]
   for r in results["runs"]:
-    lines.append(f"{r['learning_rate']:>8.1e}  {r['seed']:>4}  {r['train_loss']:>7.4f}  "
+    lines.append(f"{r['learning_rate']:>8.1e}  {r['seed']:>4}  {r['train_loss']:>10.4f}  "
                  + fmt([r["metrics"][s][m] for s, m in cols]))
   summary = results["summary"]
   for row in summary["median_by_learning_rate"]:
-    lines.append(f"{row['learning_rate']:>8.1e}  {'med':>4}  {'':>7}  "
+    lines.append(f"{row['learning_rate']:>8.1e}  {'med':>4}  {'':>10}  "
                  + fmt([row["metrics"][s][m] for s, m in cols]))
   sel = summary["selection"]
   best = summary["best"]
   lines.append(
       f"best learning rate {summary['best_learning_rate']:g} (by the median of "
       f"{sel['split']} {sel['metric']} over {len(results['recipe']['seeds'])} seed(s)): "
-      + ", ".join(f"{s} {m} {best[s][m]:.4f}" for s, m in cols))
+      + ", ".join(f"{s} {m} {_with_baseline(results, s, m, best[s][m])}" for s, m in cols))
   return "\n".join(lines)
+
+
+def _with_baseline(results: dict, split: str, metric: str, value: float) -> str:
+  """An accuracy with its binomial standard error and the majority class beside it, and
+  a word when it is not above that (the answer to "is my model any good?")."""
+  n = results.get("num_examples", {}).get(split, 0)
+  base = results.get("majority_accuracy", {}).get(split)
+  if metric != "accuracy" or not n or not 0 <= value <= 1:
+    return f"{value:.4f}"
+  text = f"{value:.4f} ± {math.sqrt(value * (1 - value) / n):.4f}"
+  if base is not None:
+    verdict = "; not above it" if value <= base else ""
+    text += f" (majority class {base:.4f}{verdict})"
+  return text
 
 
 def run_name(lr: float, seed: int) -> str:

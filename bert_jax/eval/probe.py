@@ -2,7 +2,8 @@
 
   ex = Extractor.from_checkpoint("runs/tiny")            # or Extractor(params, config, tokenizer)
   probe(ex, tasks.load_task("word_order"))
-  -> {"word_order/accuracy": 0.71, "C": 1.0, "seconds": 1.2, "num_train": 287}
+  -> {"word_order/accuracy": 0.71, "word_order/num_eval": 123.0,
+      "word_order/majority_accuracy": 0.504, "C": 1.0, "seconds": 1.2, "num_train": 287}
 
 Features are `Extractor.extract` pooled vectors of each split (several layers
 are concatenated); a classification task gets an L2 logistic regression, a
@@ -18,6 +19,7 @@ and hand it the current parameters with `Extractor.set_params` before each probe
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Optional
@@ -29,6 +31,36 @@ from bert_jax.errors import ConfigError, TaskError
 from bert_jax.eval import logreg, metrics, tasks
 from bert_jax.eval.task import REGRESSION, Example, Task
 from bert_jax.features.extract import Extractor
+
+
+# Besides `<task>/<metric>`: how many eval examples, and the majority-class accuracy.
+NUM_EVAL, MAJORITY = "num_eval", "majority_accuracy"
+
+
+def is_metric(key: str) -> bool:
+  """A `<task>[/<split>]/<metric>` key of `probe`'s result (not a count or baseline)."""
+  return "/" in key and key.rsplit("/", 1)[1] not in (NUM_EVAL, MAJORITY)
+
+
+def describe_metric(result: dict[str, float], key: str) -> str:
+  """A metric as people read it: an accuracy with its binomial standard error and the
+  majority class beside it, so a number below the baseline says so."""
+  value = result[key]
+  prefix = key.rsplit("/", 1)[0]
+  n, base = result.get(f"{prefix}/{NUM_EVAL}", 0.0), result.get(f"{prefix}/{MAJORITY}")
+  text = f"{value:.4f}"
+  if key.endswith("accuracy") and n > 0 and 0 <= value <= 1:
+    text += f" ± {math.sqrt(value * (1 - value) / n):.4f}"
+    if base is not None:
+      text += (f" (majority class {base:.4f}{', below it' if value < base else ''}; "
+               f"{int(n)} examples)")
+  return text
+
+
+def describe(result: dict[str, float]) -> str:
+  """Every metric of `result` on one line (describe_metric)."""
+  return ", ".join(f"{k.replace('/', ' ')} {describe_metric(result, k)}"
+                   for k in result if is_metric(k))
 
 
 def _subset(examples: list[Example], max_examples: Optional[int], seed: int) -> list[Example]:
@@ -81,11 +113,16 @@ def probe(extractor: Extractor, task: Task, layers: Sequence[int] | str = (-1,),
                            score=score)
     penalty = {"C": float(fit.penalty)}
   out = {}
+  # The best constant guess: train's most common class, scored on each eval split.
+  common = int(np.bincount(y_train.astype(np.int64)).argmax()) if task.kind != REGRESSION else None
   for split, exs in evals.items():
     labels = np.array([e.label for e in exs])
     prefix = task.name if len(evals) == 1 else f"{task.name}/{split}"
     for name, value in metrics.compute(task, fit.predictions[split], labels).items():
       out[f"{prefix}/{name}"] = float(value)
+    out[f"{prefix}/{NUM_EVAL}"] = float(len(exs))
+    if common is not None:
+      out[f"{prefix}/{MAJORITY}"] = float(np.mean(labels == common))
   out.update(penalty)
   out["num_train"] = float(len(train))
   out["seconds"] = time.perf_counter() - start

@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from bert_jax.dist import sharding
 from bert_jax.features import restore
+from bert_jax.io import checkpointing
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.model.config import BertConfig
 from bert_jax.model import precision
@@ -245,6 +246,7 @@ class Extractor:
     # Features come back replicated on a training mesh: each process reads all of them.
     self._out_sharding = self._replicated if self._keep_sharding else self._batch_sharding
     self.params = None
+    self.step: Optional[int] = None  # the checkpoint step, when restored from one
     self.set_params(params)
     self._compiled: dict = {}
 
@@ -261,10 +263,12 @@ class Extractor:
     model config field by field.
     """
     devices = list(jax.devices() if devices is None else devices)
-    params, config, tokenizer, _ = restore.load_checkpoint(path, step, expect_config, devices)
-    return cls(params, config, tokenizer, dtype=dtype, max_length=max_length,
-               batch_size=batch_size, devices=devices, attention_kernel=attention_kernel,
-               cpu_forward_dots=cpu_forward_dots)
+    params, config, tokenizer, meta = restore.load_checkpoint(path, step, expect_config, devices)
+    ex = cls(params, config, tokenizer, dtype=dtype, max_length=max_length,
+             batch_size=batch_size, devices=devices, attention_kernel=attention_kernel,
+             cpu_forward_dots=cpu_forward_dots)
+    ex.step = meta.get(checkpointing.RESTORED_STEP)  # a live workdir moves on: say which
+    return ex
 
   def set_params(self, params: Any) -> None:
     """New parameters of the same shapes (e.g. a training run's current ones).

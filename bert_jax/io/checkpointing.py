@@ -22,6 +22,7 @@ from jax.experimental import multihost_utils
 from bert_jax.errors import CheckpointError
 
 ITEMS = ("params", "opt_state", "meta")
+RESTORED_STEP = "restored_step"  # added to the meta restore_params returns
 
 
 # A write that fails (a full or read-only disk) is reported by the caller as one line.
@@ -123,7 +124,8 @@ def _checkpoint_root(path: str) -> tuple[str, Optional[int]]:
 
 def restore_params(path: str, step: Optional[int] = None,
                    sharding: Optional[jax.sharding.Sharding] = None) -> tuple[Any, dict]:
-  """Restores only the params (no optimizer state) and the meta of a checkpoint.
+  """Restores only the params (no optimizer state) and the meta of a checkpoint (with
+  RESTORED_STEP: the step read).
 
   `path` is a workdir, its checkpoints/ folder or a step folder; the newest
   step unless one is given. Arrays land on `sharding` (default: the first
@@ -292,7 +294,8 @@ def _restore_params_step(mngr: ocp.CheckpointManager, root: str, step: int,
   if not isinstance(out["meta"], dict):
     raise CheckpointError(f"checkpoint {root}/{step}: meta is a {type(out['meta']).__name__}, "
                           "not a JSON object")
-  return out["params"], out["meta"]
+  # Which step was read (a live workdir moves on; an import's meta has no "step").
+  return out["params"], {**out["meta"], RESTORED_STEP: step}
 
 
 def _reason(e: BaseException) -> str:

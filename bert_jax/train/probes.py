@@ -20,7 +20,6 @@ metrics; only process 0 logs them (console, reporting).
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Optional
 
@@ -71,10 +70,6 @@ class RunProbes:
       result = probe.probe(self._extractor, task, self.s.layers, self.s.pooling,
                            self.s.max_examples or None, seed=self.seed)
       out.update({k: v for k, v in result.items() if k.startswith(task.name + "/")})
-      out[f"{task.name}/num_eval"] = float(len(task.splits[task.eval_splits[0]])
-                                           if not self.s.max_examples else
-                                           min(self.s.max_examples,
-                                               len(task.splits[task.eval_splits[0]])))
     self.seconds += time.perf_counter() - start
     return out
 
@@ -88,14 +83,6 @@ def _training_mesh(params: Any) -> Optional[Mesh]:
 
 
 def describe(metrics: dict[str, float]) -> str:
-  """One line: each task's metrics, an accuracy with its binomial standard error."""
-  parts = []
-  for key, value in metrics.items():
-    if key.endswith("/num_eval"):
-      continue
-    task = key.split("/", 1)[0]
-    n = metrics.get(f"{task}/num_eval", 0.0)
-    err = (f" ± {math.sqrt(value * (1 - value) / n):.4f}"
-           if key.endswith("accuracy") and n > 0 and 0 <= value <= 1 else "")
-    parts.append(f"{key.replace('/', ' ')} {value:.4f}{err}")
-  return ", ".join(parts)
+  """One line: each task's metrics, an accuracy with its binomial standard error and the
+  majority class."""
+  return probe.describe(metrics)

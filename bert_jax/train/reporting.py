@@ -5,6 +5,7 @@ resumed run shows the whole run.
 """
 
 import json
+import math
 import numbers
 import os
 from typing import Any, Optional
@@ -157,14 +158,17 @@ class Reporter:
       panels += ((f"{task}_accuracy", f"{task.upper()} accuracy", "accuracy"),)
     # config.probe.tasks: one panel per probe metric, the downstream curve beside MLM's.
     probe_keys = sorted({k for r in rows if r["split"] == "probe" for k in r
-                         if k not in ("split", "step") and not k.endswith("/num_eval")})
+                         if k not in ("split", "step")
+                         and not k.endswith(("/num_eval", "/majority_accuracy"))})
     panels += tuple((k, f"probe: {k.replace('/', ' ')}", k.rsplit("/", 1)[-1])
                     for k in probe_keys)
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     for ax, (key, title, ylabel) in zip(axes, panels):
       for split, style in (("train", "-"), ("eval", "o-"), ("probe", "o-")):
         pts = [(r["step"], r[key]) for r in rows if r["split"] == split and key in r]
-        if pts:
+        if pts and split == "probe":
+          _probe_points(ax, key, [r for r in rows if r["split"] == "probe" and key in r])
+        elif pts:
           ax.plot(*zip(*pts), style, label=split)
       if key == "mlm_accuracy":
         pts = [(r["step"], r["mlm_best_constant_accuracy"]) for r in rows
@@ -195,3 +199,20 @@ class Reporter:
       except OSError as e:
         if not self._failed:  # after a failed write its error is the one reported
           raise self._write_error(e, self._tensorboard_dir) from None
+
+
+def _probe_points(ax, key: str, rows: list[dict]) -> None:
+  """A probe's curve with ± one binomial standard error per point (an accuracy), and the
+  majority class as a dashed line: a dev of ~100 moves by ± 0.05 between evaluations,
+  which without bars reads as a trend."""
+  prefix = key.rsplit("/", 1)[0]
+  steps = [r["step"] for r in rows]
+  values = [r[key] for r in rows]
+  errs = [math.sqrt(v * (1 - v) / r[f"{prefix}/num_eval"])
+          if key.endswith("accuracy") and r.get(f"{prefix}/num_eval") and 0 <= v <= 1 else 0.0
+          for v, r in zip(values, rows)]
+  ax.errorbar(steps, values, yerr=errs, fmt="o-", capsize=3, label="probe (± 1 s.e.)")
+  bases = [r[f"{prefix}/majority_accuracy"] for r in rows if f"{prefix}/majority_accuracy" in r]
+  if bases:
+    ax.axhline(bases[-1], color="k", linestyle="--", alpha=0.6,
+               label=f"majority class ({bases[-1]:.3f})")
