@@ -97,7 +97,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
       console.warn(note)
     loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state, probes.RunProbes(
         s.probe, list(probe_tasks), steps.bert_config, tok, s.run.seed))
-    ev = _train(s, loop, ckpts, reporter, fresh_source)
+    ev = _train(s, loop, ckpts, reporter, fresh_source, source.fresh_heads if source else ())
     ckpts.finish_save()
     ckpts.close()
   except BaseException:
@@ -141,7 +141,7 @@ def _restore_or_start(s: Settings, ckpts: RunCheckpoints, steps: TrainSteps, sou
 
 
 def _train(s: Settings, loop: TrainLoop, ckpts: RunCheckpoints, reporter: Reporter,
-           fresh_source: bool) -> dict:
+           fresh_source: bool, fresh_heads: tuple = ()) -> dict:
   """Trains to num_steps and returns the final evaluation."""
   ev = None
   if fresh_source:  # where the continuation starts: checkpoint, eval and probes of step 0
@@ -149,7 +149,7 @@ def _train(s: Settings, loop: TrainLoop, ckpts: RunCheckpoints, reporter: Report
     # disk) stops the run here on one line, leaving no record of a start.
     ckpts.save(loop.state, s.train.phases[0], 0)
     ckpts.finish_save()
-    ev = init_from.log_start(loop, reporter)
+    ev = init_from.log_start(loop, reporter, fresh_heads)
   if s.train.num_steps > 0 or ev is None:  # num_steps=0: the source's evaluation is the result
     loop.train()
     loop.stop_if_requested(sync=True)  # a signal during the last steps

@@ -214,6 +214,18 @@ def test_source_without_heads_initialises_and_reports_them(base, capsys):
   assert "NSP head (cls.seq_relationship.*) initialised (not in the source)" in out
 
 
+def test_num_steps_0_of_a_source_without_heads_says_its_heads_are_random(base, capsys):
+  # The source's evaluation (num_steps=0) reads the heads: of a model without them
+  # (a sentence-embedding model) its MLM accuracy is of random weights, and says so.
+  src = write_source(str(base / "no_heads0"), heads=False)
+  train_and_evaluate(config(src, base / "prepared", steps=0), str(base / "no_heads0_run"))
+  warnings = [l for l in capsys.readouterr().err.splitlines() if "freshly initialised" in l]
+  assert warnings == [
+      "warning: --config.init_from: the MLM head (cls.predictions.*) and the NSP head "
+      "(cls.seq_relationship.*) of this evaluation were freshly initialised (not in the "
+      "source), so their accuracies are of random weights, not of the source"]
+
+
 def test_sigkill_and_rerun_equals_an_uninterrupted_continued_run(run, source, base):
   cfg_path = base / "cli_config.py"
   cfg_path.write_text(CONFIG_FILE.format(corpus=TOY, batch=BATCH, seq=SEQ, preds=PREDS))

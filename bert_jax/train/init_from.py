@@ -43,8 +43,8 @@ from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.data import corpus, dataset, vocab_extension
 from bert_jax.io import checkpointing, hf_weights, sources
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, bert_config_from_hf, hf_state_to_params,
-                                 params_to_hf_state)
+from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, MLM, NSP, bert_config_from_hf,
+                                   hf_state_to_params, params_to_hf_state)
 from bert_jax.model.config import BertConfig
 from bert_jax.settings import SOURCE_MODEL_FIELDS, DataSettings, Settings
 from bert_jax.data.tokenizer import Tokenizer
@@ -63,6 +63,7 @@ class Source:
   heads: Optional[dict] = None  # bert-jax sources: what their meta says about the heads
   step: Optional[int] = None
   _params: Any = None  # bert-jax sources: read with their meta
+  fresh_heads: tuple = ()  # pre-training heads not in the source (set by initial_params)
 
   def describe(self) -> str:
     c = self.config
@@ -211,6 +212,7 @@ def initial_params(source: Source, config: BertConfig, ext, seed: int) -> tuple[
   if source.heads:  # a bert_jax.io.convert checkpoint: what its own import did
     groups = {g: ("initialised at its import" if source.heads.get(g) == "initialised" else v)
               for g, v in groups.items()}
+  source.fresh_heads = tuple(g for g in (MLM, NSP) if groups.get(g, "").startswith("initial"))
   return params, groups
 
 
@@ -227,11 +229,18 @@ def initial_state(source: Source, steps, ext, seed: int) -> tuple[Any, Any]:
   return params, opt_state
 
 
-def log_start(loop, reporter) -> dict:
+def log_start(loop, reporter, fresh_heads: tuple = ()) -> dict:
   """Evaluates (and probes) the starting model and logs it as step 0; returns the eval."""
   ev = with_stderr(loop.evaluate(loop.s.train.phases[0]))
   reporter.write("eval", 0, ev)
   console.log(f"eval @ 0 (the model of --config.init_from, before training): "
               f"{describe_eval(ev)}")
+  if fresh_heads:  # e.g. a sentence-embedding model: its MLM numbers are of random weights
+    heads = " and the ".join(GROUP_NAMES[g] for g in fresh_heads)
+    one = len(fresh_heads) == 1
+    console.warn(f"warning: --config.init_from: the {heads} of this evaluation "
+                 f"{'was' if one else 'were'} freshly initialised (not in the source), so "
+                 f"{'its accuracy is' if one else 'their accuracies are'} of random weights, "
+                 "not of the source")
   loop.probe(0)
   return ev
