@@ -70,12 +70,26 @@ def run_main(body: Callable[[list[str]], None], argv: Optional[Sequence[str]] = 
   try:
     body(argv)
   except BertJaxError as e:
+    if getattr(e, "background_failure", False):
+      exit_after_failed_write(error_line(e))
     print(error_line(e), file=sys.stderr)
     return 2
   except KeyboardInterrupt:
     print("interrupted", file=sys.stderr)
     return 130
   return 0
+
+
+def exit_after_failed_write(line: str) -> None:
+  """`line` as the last word, then exit 2 at once: after a failed Orbax write, its
+  threads and abandoned asyncio tasks keep printing (tracebacks, "Task exception was
+  never retrieved") until the interpreter ends; their output then goes nowhere."""
+  sys.stdout.flush()
+  fd = os.dup(sys.stderr.fileno())
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stderr.fileno())
+  os.write(fd, ("\n" + line + "\n").encode())
+  os._exit(2)  # pylint: disable=protected-access
 
 
 def check_choice(flag: str, value, choices: Sequence[str]) -> None:
@@ -143,14 +157,13 @@ def write_json(path: str, obj, indent: int = 2) -> None:
 
 
 def write_atomic(path: str, write: Callable) -> None:
-  """Writes next to the target, then renames: a failure never leaves a partial file."""
-  tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                     f".{os.path.basename(path)}.tmp-{os.getpid()}")
-  try:
-    with open(tmp, "wb") as f:
-      write(f)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  """`write(f)` (a binary file) to `path`, a local file or a gs:// object, atomically: a
+  failure never leaves a partial file (bert_jax.io.fs)."""
+  from bert_jax.io import fs  # pylint: disable=import-outside-toplevel
+  if fs.is_gcs(path):
+    import io  # pylint: disable=import-outside-toplevel
+    buf = io.BytesIO()
+    write(buf)
+    fs.write_bytes(path, buf.getvalue())
+  else:
+    fs.write_atomic_local(path, write)

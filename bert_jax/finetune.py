@@ -206,9 +206,11 @@ def _save(tuner, results: dict, save: str, overwrite: bool, results_file: str) -
     kind, why = checkpointing.classify(e)
     if kind != "environment":
       raise
-    raise ConfigError(f"--save {save}: cannot write the fine-tuned checkpoint ({why}); "
-                      f"nothing was written there; the sweep's results are in "
-                      f"{results_file}") from None
+    error = ConfigError(f"--save {save}: cannot write the fine-tuned checkpoint ({why}); "
+                        f"nothing was written there; the sweep's results are in "
+                        f"{results_file}")
+    error.background_failure = True  # Orbax's writer threads: exit without waiting for them
+    raise error from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> dict:
   common.check_choice("--pooling", args.pooling, PROBE_POOLINGS)
   common.check_choice("--dtype", args.dtype, DTYPES)
   layers = common.parse_layers(args.layers)
-  if args.output is not None:
+  if args.output is not None and not args.output.startswith("gs://"):
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):
       raise ConfigError(f"--output '{args.output}': directory {out_dir} does not exist")

@@ -16,6 +16,7 @@ import numpy as np
 
 from bert_jax import console, settings as settings_lib
 from bert_jax.dist import sharding, workdir_lock
+from bert_jax.io import fs
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, init_from
 from bert_jax.errors import ConfigError
@@ -30,7 +31,11 @@ from bert_jax.train.steps import TrainSteps
 
 
 def _check_workdir(workdir: str) -> None:
-  """A workdir that cannot be a directory fails here, not deep inside data preparation."""
+  """A workdir that cannot be a directory fails here, not deep inside data preparation;
+  a bucket that is missing or forbidden, or a server that does not answer, too."""
+  if fs.is_gcs(workdir):
+    fs.check_bucket(workdir)  # missing, forbidden or unreachable: one line, nothing written
+    return
   path = os.path.abspath(workdir)
   while not os.path.isdir(path):
     if os.path.lexists(path):
@@ -110,7 +115,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
   console.log(f"final eval @ step {state.step}: {describe_eval(ev)}")
   # The workdir as the user gave it, like the other two (Orbax's own path is absolute).
   console.log(f"checkpoints: {checkpoint_dir(workdir)}; TensorBoard: "
-              f"{os.path.join(workdir, 'tensorboard')}; plot: {plot}")
+              f"{fs.join(workdir, 'tensorboard')}; plot: {plot}")
   return ev
 
 

@@ -32,6 +32,7 @@ import socket
 from collections.abc import Iterator
 
 from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.io import fs
 
 
 class WorkdirInUse(BertJaxError):
@@ -59,6 +60,9 @@ def hold(workdir: str, process_index: int = 0, lock_file: str | None = None) -> 
   name than `.lock-<process_index>` in `workdir` (an output that is replaced whole
   at its end locks a file beside it).
   """
+  if fs.is_gcs(workdir):  # no flock on a bucket: a lease object (bucket_lock)
+    yield from _hold_bucket(workdir, process_index, lock_file)
+    return
   workdir = os.path.abspath(workdir)
   made = not os.path.exists(workdir)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
@@ -87,6 +91,20 @@ def hold(workdir: str, process_index: int = 0, lock_file: str | None = None) -> 
     if made:
       with contextlib.suppress(OSError):
         os.rmdir(workdir)  # only if empty
+
+
+def _hold_bucket(workdir: str, process_index: int, lock_file: str | None) -> Iterator[dict]:
+  from bert_jax.dist import bucket_lock  # pylint: disable=import-outside-toplevel
+  path = fs.join(workdir, lock_file or f".lock-{int(process_index)}")
+
+  def in_use(holder: dict) -> WorkdirInUse:
+    return WorkdirInUse(f"workdir {workdir} is in use by another run ({describe(holder)}; "
+                        f"lock {path}, renewed every {bucket_lock.LEASE_S / 4:.0f} s); wait for "
+                        f"it to end (a killed run's lease expires {bucket_lock.LEASE_S:.0f} s "
+                        "after its last renewal) or use another --workdir", holder)
+  with bucket_lock.hold(path, holder_record(process_index=int(process_index)), in_use,
+                        describe) as lease:
+    yield lease.record
 
 
 def _write_holder(fd: int, workdir: str, path: str, holder: dict) -> None:

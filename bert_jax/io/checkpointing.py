@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from bert_jax.errors import CheckpointError
+from bert_jax.io import fs
 
 ITEMS = ("params", "opt_state", "meta")
 RESTORED_STEP = "restored_step"  # added to the meta restore_params returns
@@ -68,7 +69,7 @@ def manager(directory: str, keep: int = 3, async_save: bool = True) -> ocp.Check
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
       cleanup_tmp_directories=True)
-  return ocp.CheckpointManager(os.path.abspath(directory), options=options,
+  return ocp.CheckpointManager(fs.abspath(directory), options=options,
                                item_handlers=_handlers())
 
 
@@ -111,14 +112,14 @@ def restore_train_state(mngr: ocp.CheckpointManager, step: int, abstract_params:
 
 def _checkpoint_root(path: str) -> tuple[str, Optional[int]]:
   """Accepts a workdir, its checkpoints/ folder, or one step folder."""
-  path = os.path.abspath(path)
-  if not os.path.isdir(path):
+  path = fs.abspath(path)
+  if not fs.isdir(path):
     raise CheckpointError(f"checkpoint {path}: no such directory; expected a workdir, its "
                           "checkpoints/ folder or a step folder")
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    return os.path.join(path, "checkpoints"), None
-  if os.path.isdir(os.path.join(path, "params")) and os.path.basename(path).isdigit():
-    return os.path.dirname(path), int(os.path.basename(path))
+  if fs.isdir(fs.join(path, "checkpoints")):
+    return fs.join(path, "checkpoints"), None
+  if fs.isdir(fs.join(path, "params")) and fs.basename(path).isdigit():
+    return fs.parent(path), int(fs.basename(path))
   return path, None
 
 
@@ -175,7 +176,7 @@ def _restore_newest_complete(mngr: ocp.CheckpointManager, root: str, steps: list
       out = _restore_params_step(mngr, root, s, sharding)
     except Exception as e:  # pylint: disable=broad-except
       why = _damage(e, f"{root}/{s}")
-      if not os.path.isdir(os.path.join(root, str(s))) and rotations < _MAX_ROTATIONS:
+      if not fs.isdir(fs.join(root, str(s))) and rotations < _MAX_ROTATIONS:
         # Deleted meanwhile by a run's max_to_keep (a newer step replaced it), not
         # damaged: list the steps again.
         rotations += 1
@@ -264,9 +265,9 @@ def environment_message(step_dir: str, why: str) -> str:
 
 def newest_meta(ckpt_dir: str) -> Optional[dict]:
   """The meta of the newest step whose meta reads, or None; reads only, writes nothing."""
-  if not os.path.isdir(ckpt_dir):
+  if not fs.isdir(ckpt_dir):
     return None
-  mngr = ocp.CheckpointManager(os.path.abspath(ckpt_dir), item_handlers=_handlers())
+  mngr = ocp.CheckpointManager(fs.abspath(ckpt_dir), item_handlers=_handlers())
   try:
     for step in sorted(mngr.all_steps(), reverse=True):
       try:
@@ -320,12 +321,12 @@ def save_params(directory: str, step: int, params: Any, meta: dict,
   this process alone, with no barrier with the others (a multi-process
   fine-tuning's process 0). Returns the step folder.
   """
-  root = os.path.join(os.path.abspath(directory), "checkpoints")
+  root = fs.join(fs.abspath(directory), "checkpoints")
   me = jax.process_index()
   alone = (ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
            if this_process_only and jax.process_count() > 1
            else ocp.options.MultiprocessingOptions())
-  os.makedirs(root, exist_ok=True)  # Orbax's create=True refuses active_processes
+  fs.makedirs(root)  # Orbax's create=True refuses active_processes
   options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=False,
                                          multiprocessing_options=alone)
   mngr = ocp.CheckpointManager(root, options=options, item_handlers=_handlers())
@@ -335,4 +336,4 @@ def save_params(directory: str, step: int, params: Any, meta: dict,
     mngr.wait_until_finished()
   finally:
     mngr.close()
-  return os.path.join(root, str(step))
+  return fs.join(root, str(step))

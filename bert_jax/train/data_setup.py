@@ -27,6 +27,7 @@ from jax.experimental import multihost_utils
 from bert_jax import console
 from bert_jax.data import dataset, part_merge
 from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.io import fs
 from bert_jax.settings import DataSettings
 from bert_jax.data.tokenizer import Tokenizer
 
@@ -34,10 +35,22 @@ from bert_jax.data.tokenizer import Tokenizer
 def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
                  workdir: str) -> dataset.Prepared:
   """The prepared examples of every seq_len (prepared now if not stored yet)."""
-  cache_dir = data.cache_dir or os.path.join(workdir, "prepared")
+  cache_dir = data.cache_dir or default_cache_dir(workdir)
   if jax.process_count() == 1:
     return _check_streams(data, dataset.prepare(data, seq_lens, cache_dir, seed))
   return _check_streams(data, _prepare_data_multiprocess(data, seq_lens, cache_dir, seed))
+
+
+def default_cache_dir(workdir: str) -> str:
+  """`<workdir>/prepared`; for a workdir on a bucket, a folder on this host's disk
+  (~/.cache/bert_jax/prepared/<bucket>/<path>): the input pipeline reads records by
+  random access, which wants a local file. The bytes do not depend on where they are
+  made, so a host that lost its disk (a preempted spot VM) prepares the same again."""
+  if not fs.is_gcs(workdir):
+    return os.path.join(workdir, "prepared")
+  return os.path.join(os.path.expanduser(os.environ.get("BERT_JAX_LOCAL_CACHE",
+                                                        "~/.cache/bert_jax/prepared")),
+                      workdir[len(fs.GCS):].strip("/"))
 
 
 def _check_streams(data: DataSettings, prepared: dataset.Prepared) -> dataset.Prepared:

@@ -14,6 +14,7 @@ import jax
 
 from bert_jax import console
 from bert_jax.errors import ConfigError
+from bert_jax.io import fs
 
 
 def is_record(obj: Any) -> bool:
@@ -32,11 +33,16 @@ class Reporter:
 
   def __init__(self, workdir: str):
     self.active = jax.process_index() == 0
-    self.history_path = os.path.join(workdir, "metrics.jsonl")
-    self.plot_path = os.path.join(workdir, "training_curves.png")
+    self.history_path = fs.join(workdir, "metrics.jsonl")
+    self.plot_path = fs.join(workdir, "training_curves.png")
     # Opened at the first write: a run that fails before logging anything (e.g.
     # resuming with another model size) leaves no new events file behind.
-    self._tensorboard_dir = os.path.join(workdir, "tensorboard")
+    self._tensorboard_dir = fs.join(workdir, "tensorboard")
+    # On a bucket (no append): events are written to a local folder and uploaded whole
+    # after each flush, metrics.jsonl rewritten whole from the text kept here.
+    self._bucket = fs.is_gcs(workdir)
+    self._local_tb = None
+    self._history_text: str | None = None
     self._writer = None
     self._failed = False  # a write failed (full disk): close() then stays quiet
     self.skipped_lines = 0  # lines of metrics.jsonl that the last read skipped
@@ -49,13 +55,23 @@ class Reporter:
       if self._writer is None:
         # tensorboardX imports torch when installed (+1.3 s a process): only a run that logs pays.
         from tensorboardX import SummaryWriter  # in-function on purpose, see above
-        self._writer = SummaryWriter(self._tensorboard_dir)
+        if self._bucket:
+          import tempfile  # pylint: disable=import-outside-toplevel
+          self._local_tb = tempfile.mkdtemp(prefix="bert_jax-tensorboard-")
+        self._writer = SummaryWriter(self._local_tb or self._tensorboard_dir)
       for k, v in metrics.items():
         self._writer.add_scalar(f"{split}/{k}", float(v), step)
       self._writer.flush()
+      self._upload_events()
       where = self.history_path
-      with open(self.history_path, "a") as f:
-        f.write(json.dumps({"split": split, "step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
+      line = json.dumps({"split": split, "step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n"
+      if self._bucket:
+        self._history_text = (self._text() if self._history_text is None else
+                              self._history_text) + line
+        fs.write_text(self.history_path, self._history_text)
+      else:
+        with open(self.history_path, "a") as f:
+          f.write(line)
     except OSError as e:
       self._failed = True
       raise self._write_error(e, where) from None
@@ -72,23 +88,19 @@ class Reporter:
   def _read(self) -> list:
     """Every line in file order: a record as a dict, anything else as its raw text."""
     self.skipped_lines = 0
-    if not os.path.exists(self.history_path):
-      return []
     out = []
-    # surrogateescape: a line of any bytes is skipped (and kept by truncate), never an error.
-    with open(self.history_path, encoding="utf-8", errors="surrogateescape", newline="\n") as f:
-      for line in f:
-        try:
-          record = json.loads(line)
-        except ValueError:
-          if line.startswith(_OWN_PREFIX):
-            continue  # our own record cut short by a killed run: logged again on resume
-          record = None
-        if is_record(record):
-          out.append(record)
-        else:
-          out.append(line)
-          self.skipped_lines += bool(line.strip())
+    for line in _lines(self._text()):
+      try:
+        record = json.loads(line)
+      except ValueError:
+        if line.startswith(_OWN_PREFIX):
+          continue  # our own record cut short by a killed run: logged again on resume
+        record = None
+      if is_record(record):
+        out.append(record)
+      else:
+        out.append(line)
+        self.skipped_lines += bool(line.strip())
     return out
 
   def truncate(self, max_step: int) -> None:
@@ -111,6 +123,10 @@ class Reporter:
         kept.append(line if line.endswith("\n") else line + "\n")
     if "".join(kept) == self._text():
       return  # nothing to forget: a resume on a full disk writes nothing here
+    if self._bucket:
+      self._history_text = "".join(kept)
+      fs.write_text(self.history_path, self._history_text)
+      return
     tmp = self.history_path + ".tmp"
     try:
       with open(tmp, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
@@ -122,11 +138,24 @@ class Reporter:
       raise self._write_error(e, self.history_path) from None
 
   def _text(self) -> str:
+    # surrogateescape: a line of any bytes is skipped (and kept by truncate), never an error.
+    if self._bucket:
+      if self._history_text is None:
+        self._history_text = (fs.read_bytes(self.history_path).decode("utf-8", "surrogateescape")
+                              if fs.exists(self.history_path) else "")
+      return self._history_text
     try:
       with open(self.history_path, encoding="utf-8", errors="surrogateescape", newline="\n") as f:
         return f.read()
     except FileNotFoundError:
       return ""
+
+  def _upload_events(self) -> None:
+    """On a bucket: every local events file to `<workdir>/tensorboard/` (whole objects)."""
+    if self._local_tb is None:
+      return
+    for name in os.listdir(self._local_tb):
+      fs.upload(os.path.join(self._local_tb, name), fs.join(self._tensorboard_dir, name))
 
   @staticmethod
   def _write_error(e: OSError, path: str) -> ConfigError:
@@ -186,19 +215,31 @@ class Reporter:
       if ax.get_legend_handles_labels()[0]:
         ax.legend()
     fig.tight_layout()
-    tmp = self.plot_path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, self.plot_path)
+    with fs.local_copy_for_writing(self.plot_path) as local:
+      tmp = local + ".tmp.png"
+      fig.savefig(tmp, dpi=100)
+      plt.close(fig)
+      os.replace(tmp, local)
     return self.plot_path
 
   def close(self):
     if self._writer is not None:
       try:
         self._writer.close()
+        self._upload_events()
       except OSError as e:
         if not self._failed:  # after a failed write its error is the one reported
           raise self._write_error(e, self._tensorboard_dir) from None
+      finally:
+        if self._local_tb is not None:
+          import shutil  # pylint: disable=import-outside-toplevel
+          shutil.rmtree(self._local_tb, ignore_errors=True)
+
+
+def _lines(text: str) -> list[str]:
+  """`text` in lines ended by "\\n" only (as a file read with newline="\\n")."""
+  parts = text.split("\n")
+  return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def _probe_points(ax, key: str, rows: list[dict]) -> None:

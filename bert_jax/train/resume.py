@@ -16,7 +16,7 @@ import numpy as np
 
 from bert_jax import console
 from bert_jax.dist import sharding
-from bert_jax.io import checkpointing
+from bert_jax.io import checkpointing, fs
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError
 from bert_jax.model.config import BertConfig
@@ -97,7 +97,7 @@ _TRAINED_VOCAB = ("vocab_size", "vocab_sample_bytes")  # only when no vocab_file
 
 def _same_path(a, b) -> bool:
   return a == b or (isinstance(a, str) and isinstance(b, str) and bool(a) and bool(b)
-                    and os.path.realpath(a) == os.path.realpath(b))
+                    and not fs.is_gcs(a) and os.path.realpath(a) == os.path.realpath(b))
 
 
 def check_same_data(s: Settings, workdir: str) -> None:
@@ -286,4 +286,4 @@ class RunCheckpoints:
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(workdir, "checkpoints")
+  return fs.join(workdir, "checkpoints")

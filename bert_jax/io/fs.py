@@ -1,0 +1,321 @@
+"""One file layer for every path a user gives: a local path or a `gs://bucket/path`.
+
+Local paths go through `os`; `gs://` paths through etils `epath` (the layer Orbax
+itself uses for checkpoints, with gcsfs underneath), so checkpoints, metrics and
+outputs find a bucket with the same credentials: Google's default credentials from the
+environment (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's, or a TPU VM's service
+account); none is ever printed. `STORAGE_EMULATOR_HOST` (a local GCS server, as the
+tests run one) also points TensorStore, Orbax's array storage, at that server.
+
+Writes are whole-object and atomic on both: a local file is written beside its
+target and renamed; a GCS object is visible only once its upload completes, so a
+reader never sees a half-written file. GCS has no append and no rename of folders:
+callers that append (metrics.jsonl) rewrite the object, and folders that must appear
+complete (checkpoints) rely on Orbax's commit file on GCS.
+
+A bucket that is missing, forbidden, or a server that stops answering is one
+`StorageError` line naming the path, after bounded retries with backoff for the
+errors that may pass (a connection refused or reset, a timeout, HTTP 429/5xx).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from bert_jax.errors import BertJaxError
+
+GCS = "gs://"
+# Rounds after the first. Each round is itself retried by the client library: gcsfs
+# tries 6 times with exponential backoff (about 30 s against a server that refuses),
+# google-cloud-storage (the lock) for up to 10 s, TensorStore (checkpoint arrays) by
+# its own policy.
+RETRIES = int(os.environ.get("BERT_JAX_GCS_RETRIES", 1))
+BACKOFF_S = float(os.environ.get("BERT_JAX_GCS_BACKOFF_S", 2.0))  # doubled per round
+T = TypeVar("T")
+
+if os.environ.get("STORAGE_EMULATOR_HOST") and not os.environ.get("TENSORSTORE_GCS_HTTP_URL"):
+  os.environ["TENSORSTORE_GCS_HTTP_URL"] = os.environ["STORAGE_EMULATOR_HOST"]
+# gcsfs warns on every bucket it opens without default credentials (an emulator, a
+# public bucket), and logs each failed attempt: our one line says what matters.
+logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # its retries' errors: ours report
+
+
+class StorageError(BertJaxError):
+  """A path that cannot be read or written: a bucket that is missing or forbidden, a
+  server that stopped answering (after retries), a full or read-only disk."""
+
+
+def is_gcs(path: Any) -> bool:
+  return str(path).startswith(GCS)
+
+
+def abspath(path: str) -> str:
+  """A local path made absolute; a bucket path as it is."""
+  return str(path) if is_gcs(path) else os.path.abspath(os.path.expanduser(str(path)))
+
+
+def join(path: str, *names: str) -> str:
+  return os.path.join(str(path), *names)
+
+
+def parent(path: str) -> str:
+  return os.path.dirname(str(path).rstrip("/"))
+
+
+def basename(path: str) -> str:
+  return os.path.basename(str(path).rstrip("/"))
+
+
+def _epath(path: str):
+  from etils import epath  # heavy (and gcsfs under it): only for bucket paths
+  import fsspec  # pylint: disable=import-outside-toplevel
+  # A request to a server that accepts and never answers times out (gcsfs: no limit).
+  fsspec.config.conf.setdefault("gcs", {}).update(requests_timeout=60)
+  return epath.Path(path)
+
+
+# --- errors: transient ones retried, the rest one line ---
+
+_TRANSIENT = re.compile(r"Cannot connect|Connection refused|Connection reset|Server disconnected|"
+                        r"timed out|Timeout|ServerDisconnected|\b(429|500|502|503|504)\b|"
+                        r"temporarily unavailable|Too Many Requests|Service Unavailable")
+_MISSING_BUCKET = re.compile(r"bucket.*(does not exist|not found)|NoSuchBucket|"
+                             r"The specified bucket does not exist", re.I)
+_FORBIDDEN = re.compile(r"\b(401|403)\b|Forbidden|Permission|Unauthorized|AccessDenied|"
+                        r"does not have storage\.", re.I)
+
+
+def _chain(e: BaseException) -> str:
+  out, seen = [], e
+  for _ in range(6):
+    if seen is None:
+      break
+    out.append(f"{type(seen).__name__}: {seen}")
+    seen = seen.__cause__ or seen.__context__
+  return " <- ".join(out)
+
+
+def is_transient(e: BaseException) -> bool:
+  """A failure that may pass: the server not answering, a timeout, throttling, a 5xx."""
+  if isinstance(e, (ConnectionError, TimeoutError, socket.timeout)):
+    return True
+  return bool(_TRANSIENT.search(_chain(e)))
+
+
+def storage_error(path: str, e: BaseException, doing: str) -> StorageError:
+  """One line for a failed `doing` of `path`: what it means and what to do."""
+  text = _chain(e)
+  bucket = path[len(GCS):].split("/", 1)[0] if is_gcs(path) else ""
+  if is_gcs(path) and _MISSING_BUCKET.search(text):
+    why = f"bucket gs://{bucket} does not exist; expected an existing bucket"
+  elif is_gcs(path) and _FORBIDDEN.search(text):
+    why = (f"no permission on gs://{bucket} for these credentials; expected read and write "
+           "access (roles/storage.objectAdmin) for the credentials in the environment")
+  elif is_gcs(path) and is_transient(e):
+    why = (f"the storage server did not answer in {RETRIES + 1} round(s) of retries with "
+           f"backoff ({_short(e)}); expected a reachable bucket: rerun the same command "
+           "once it is")
+  else:
+    why = f"{_short(e)}"
+  return StorageError(f"cannot {doing} {path}: {why}")
+
+
+def _short(e: BaseException) -> str:
+  text = " ".join(str(e).split()) or type(e).__name__
+  if isinstance(e, OSError) and e.strerror:
+    text = e.strerror
+  return text if len(text) <= 160 else text[:157] + "..."
+
+
+def retrying(path: str, doing: str, fn: Callable[[], T], passthrough: tuple = ()) -> T:
+  """`fn()` with up to RETRIES retries (backoff from BACKOFF_S, doubling) when it fails
+  transiently on a bucket; a failure that remains is one StorageError naming `path`.
+  Local paths are not retried, and their OSErrors go to the caller as they are, as do
+  the `passthrough` exceptions."""
+  if not is_gcs(path):
+    return fn()
+  delay = BACKOFF_S
+  for attempt in range(RETRIES + 1):
+    try:
+      return fn()
+    except FileNotFoundError as e:
+      # An upload or a listing is "not found" only when the bucket is.
+      if doing in ("write", "list") or _MISSING_BUCKET.search(_chain(e)):
+        check_bucket(path)
+      raise
+    except BertJaxError:
+      raise
+    except passthrough:  # answers the caller acts on (a precondition that failed)
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      if attempt < RETRIES and is_transient(e):
+        time.sleep(delay)
+        delay *= 2
+        continue
+      raise storage_error(path, e, doing) from None
+  raise AssertionError("unreachable")
+
+
+def check_bucket(path: str) -> None:
+  """One request: a StorageError line if the bucket of `path` is missing or forbidden,
+  or its server does not answer (after retries). A local path: nothing."""
+  if not is_gcs(path):
+    return
+  bucket = path[len(GCS):].split("/", 1)[0]
+
+  def lookup():
+    from google.cloud import storage  # pylint: disable=import-outside-toplevel
+    from google.api_core import retry as api_retry  # pylint: disable=import-outside-toplevel
+    return storage.Client().lookup_bucket(bucket, retry=api_retry.Retry(timeout=10),
+                                          timeout=10)
+  found = retrying(path, "reach", lookup)
+  if found is None:
+    raise StorageError(f"cannot use {path}: bucket gs://{bucket} does not exist; expected an "
+                       "existing bucket (create it, or check the name)")
+
+
+# --- reading ---
+
+
+def exists(path: str) -> bool:
+  if not is_gcs(path):
+    return os.path.exists(path)
+  return retrying(path, "look at", lambda: _epath(path).exists())
+
+
+def isdir(path: str) -> bool:
+  if not is_gcs(path):
+    return os.path.isdir(path)
+  return retrying(path, "look at", lambda: _epath(path).is_dir())
+
+
+def isfile(path: str) -> bool:
+  if not is_gcs(path):
+    return os.path.isfile(path)
+  return retrying(path, "look at", lambda: _epath(path).is_file())
+
+
+def listdir(path: str) -> list[str]:
+  """Names in a folder (a bucket prefix's next level), sorted."""
+  if not is_gcs(path):
+    return sorted(os.listdir(path))
+  return retrying(path, "list", lambda: sorted(p.name for p in _epath(path).iterdir()))
+
+
+def read_bytes(path: str) -> bytes:
+  if not is_gcs(path):
+    with open(path, "rb") as f:
+      return f.read()
+  return retrying(path, "read", lambda: _epath(path).read_bytes())
+
+
+def read_text(path: str) -> str:
+  return read_bytes(path).decode("utf-8")
+
+
+def glob(pattern: str) -> list[str]:
+  """Sorted matches of a glob (`*`, `?`, `[...]`; on a bucket within one level)."""
+  if not is_gcs(pattern):
+    import glob as glob_lib
+    return sorted(glob_lib.glob(pattern))
+  head, _, _ = pattern.partition("*")
+  root = parent(head) if not head.endswith("/") else head.rstrip("/")
+  rest = pattern[len(root) + 1:]
+  return retrying(pattern, "list", lambda: sorted(str(p) for p in _epath(root).glob(rest)))
+
+
+# --- writing ---
+
+
+def makedirs(path: str) -> None:
+  """A local folder and its parents; on a bucket nothing (prefixes need no folder)."""
+  if not is_gcs(path):
+    os.makedirs(path, exist_ok=True)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """`data` at `path`, atomically: all of it or (on failure) what was there before."""
+  if is_gcs(path):
+    retrying(path, "write", lambda: _epath(path).write_bytes(data))
+    return
+  write_atomic_local(path, lambda f: f.write(data))
+
+
+def write_text(path: str, text: str) -> None:
+  write_bytes(path, text.encode("utf-8"))
+
+
+def write_atomic_local(path: str, write: Callable[[Any], Any]) -> None:
+  """`write(f)` into a file beside `path`, renamed onto it: a failure (a full disk, a
+  kill) never leaves a partial file under the name (the only local atomic writer)."""
+  directory, name = os.path.split(os.path.abspath(path))
+  tmp = os.path.join(directory, f".{name}.tmp-{socket.gethostname()}-{os.getpid()}")
+  try:
+    with open(tmp, "wb") as f:
+      write(f)
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+
+
+def remove(path: str) -> None:
+  """Deletes a file or object; a missing one is no error."""
+  if not is_gcs(path):
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
+    return
+
+  def rm():
+    with contextlib.suppress(FileNotFoundError):
+      _epath(path).unlink()
+  retrying(path, "delete", rm)
+
+
+def rmtree(path: str) -> None:
+  if not is_gcs(path):
+    shutil.rmtree(path, ignore_errors=True)
+    return
+  p = _epath(path)
+  retrying(path, "delete", lambda: p.rmtree() if p.exists() else None)
+
+
+def upload(local: str, path: str) -> None:
+  """A local file to `path` (a bucket object or a local file), atomically."""
+  if is_gcs(path):
+    retrying(path, "write", lambda: _epath(path).write_bytes(open(local, "rb").read()))
+  else:
+    write_atomic_local(path, lambda f: shutil.copyfileobj(open(local, "rb"), f))
+
+
+def download(path: str, local: str) -> None:
+  """`path` to a local file, atomically."""
+  data = read_bytes(path)
+  write_atomic_local(local, lambda f: f.write(data))
+
+
+@contextlib.contextmanager
+def local_copy_for_writing(path: str, suffix: str = "") -> Iterator[str]:
+  """A local file name to write, copied to `path` when the block ends without error
+  (a plot, an events file: libraries that write local files only)."""
+  if not is_gcs(path):
+    yield path
+    return
+  import tempfile
+  fd, tmp = tempfile.mkstemp(suffix=suffix or os.path.splitext(path)[1])
+  os.close(fd)
+  try:
+    yield tmp
+    upload(tmp, path)
+  finally:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)

