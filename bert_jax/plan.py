@@ -46,7 +46,8 @@ def run_plan(config, topology_name: str = "", json_path: str = "", search: bool 
   if s.init.path:  # the source's model shape, as train.py takes it
     from bert_jax.train import init_from
     s = init_from.run_settings(s, init_from.resolve(s))
-  if json_path and not os.path.isdir(os.path.dirname(os.path.abspath(json_path))):
+  if json_path and not json_path.startswith("gs://") and not os.path.isdir(
+      os.path.dirname(os.path.abspath(json_path))):
     raise ConfigError(f"--json {json_path}: its folder does not exist; expected a path in "
                       "an existing folder")
   if topology_name:

@@ -242,12 +242,18 @@ def test_a_server_that_stops_mid_run_is_one_line_and_the_resume_is_exact(
 
 @pytest.mark.slow
 def test_features_and_probe_read_a_checkpoint_in_a_bucket(server, local_reference, tmp_path):
-  # The reference run's workdir, copied into the bucket as the server stores objects.
-  shutil.copytree(local_reference, _mirror(server, "readers"),
-                  ignore=shutil.ignore_patterns("prepared", ".lock-*"))
-  for step in soak_kill.complete_steps(local_reference):  # as Orbax marks them on GCS
-    for d, _, files in os.walk(os.path.join(_mirror(server, "readers"), "checkpoints", str(step))):
-      open(os.path.join(d, "commit_success.txt"), "w").close()
+  # The reference run's checkpoints, uploaded to the bucket, each step and item folder
+  # marked complete as Orbax marks them on GCS (its commit file).
+  from bert_jax.io import fs
+  ckpt = os.path.join(local_reference, "checkpoints")
+  empty = tmp_path / "empty"
+  empty.write_bytes(b"")
+  for d, _, files in os.walk(ckpt):
+    rel = os.path.relpath(d, ckpt)
+    marked = rel.split(os.sep)[0].isdigit() and rel.count(os.sep) <= 1
+    for f in files + (["commit_success.txt"] if marked else []):
+      src = os.path.join(d, f) if f in files else str(empty)
+      fs.upload(src, "gs://bkt/readers/checkpoints/" + os.path.join(rel, f))
   from bert_jax.features.extract import Extractor
   from bert_jax.io import checkpointing
   remote, _ = checkpointing.restore_params("gs://bkt/readers")
@@ -265,3 +271,26 @@ def test_features_and_probe_read_a_checkpoint_in_a_bucket(server, local_referenc
   assert out.returncode == 0, out.stderr[-3000:]
   with open(tmp_path / "probe.json", encoding="utf-8") as f:
     assert json.load(f)["step"] == STEPS
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_bucket_workdir_equal_one_process_of_eight_devices(
+    server, tmp_path):
+  """2 processes x 4 devices write one gs:// workdir (each its own checkpoint shards), stop
+  at step 12 and resume to 24: the losses are those of 1 process x 8 devices on a local
+  disk."""
+  import numpy as np
+  import test_distributed as dist
+  jit, data, logs = str(tmp_path / "jit"), str(tmp_path / "data"), str(tmp_path / "logs")
+  ref = str(tmp_path / "reference")
+  dist._run({"ref": dist._one_process(ref, dist.STEPS, 8, data)}, logs, jit)
+  pair = (data, str(tmp_path / "process1_data"))
+  first = dist._run(dist._two_processes("gs://bkt/two", dist.HALF, pair), logs + "1", jit)
+  assert "8 cpu devices in 2 processes" in first["process0"]
+  second = dist._run(dist._two_processes("gs://bkt/two", dist.STEPS, pair), logs + "2", jit)
+  assert dist._resumed_at(second["process0"], dist.HALF), second["process0"]
+  got, expected = dist._losses(_mirror(server, "two")), dist._losses(ref)
+  assert sorted(got) == sorted(expected) == list(range(1, dist.STEPS + 1))
+  np.testing.assert_allclose([got[s] for s in sorted(got)],
+                             [expected[s] for s in sorted(expected)], rtol=0, atol=1e-5)
+  assert _complete_steps(server, "two") == [dist.HALF, dist.STEPS]

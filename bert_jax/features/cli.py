@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from bert_jax import cli as common
+from bert_jax.io import fs
 from bert_jax.dist import host_malloc
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.features.extract import DTYPES, POOLINGS, Extractor, Features
@@ -53,13 +54,12 @@ def read_inputs(path: str) -> list[str]:
 
   Keeping them means output row i is always line i + 1 of the file.
   """
-  if not os.path.exists(path):
+  if not fs.exists(path):
     raise InputFileError(f"input file '{path}' does not exist")
-  if os.path.isdir(path):
+  if fs.isdir(path):
     raise InputFileError(f"input file '{path}' is a directory; expected a text file "
                          "with one input per line")
-  with open(path, "rb") as f:
-    data = f.read()
+  data = fs.read_bytes(path)
   try:
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -177,9 +177,9 @@ def run(args: argparse.Namespace) -> Features:
         f"{'.npz' if args.pooling == 'none' else '.npy'} file (per-token features, --pooling "
         "none, go to .npz; pooled ones, cls/mean/pooler, to .npy)")
   out_dir = os.path.dirname(os.path.abspath(args.output))
-  if not os.path.isdir(out_dir):
+  if not fs.is_gcs(args.output) and not os.path.isdir(out_dir):  # a bucket has no folders
     raise ConfigError(f"--output '{args.output}': directory {out_dir} does not exist")
-  if os.path.isdir(args.output):
+  if fs.isdir(args.output):
     raise ConfigError(f"--output '{args.output}' is a directory; expected a file name")
   expect = _parse_expect(args.expect_config)
   texts = read_inputs(args.input)

@@ -47,6 +47,23 @@ def _quiet_closed_loop(previous):
 
 
 logging.getLogger("absl").addFilter(_OrbaxWriterNoise())
+
+
+def _bound_gcs_retries() -> None:
+  """TensorStore retries a GCS request up to 32 times with delays up to 32 s (a quarter
+  of an hour against a server that is gone); a run should stop with one line well
+  before that. Orbax builds every TensorStore context from these dicts (it offers no
+  option for it), so the bound goes there: BERT_JAX_GCS_TS_RETRIES retries (8), delays
+  from 1 s doubling up to 8 s (about 45 s in all)."""
+  from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+  retries = {"max_retries": int(os.environ.get("BERT_JAX_GCS_TS_RETRIES", 8)),
+             "initial_delay": "1s", "max_delay": "8s"}
+  for context in (ts_utils._BASE_TS_CONTEXT,  # pylint: disable=protected-access
+                  ts_utils._DEFAULT_OCDBT_TS_CONTEXT):  # pylint: disable=protected-access
+    context.setdefault("gcs_request_retries", retries)
+
+
+_bound_gcs_retries()
 if not getattr(sys.unraisablehook, "bert_jax", False):
   sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
 

@@ -303,6 +303,57 @@ def download(path: str, local: str) -> None:
   write_atomic_local(local, lambda f: f.write(data))
 
 
+def _gcsfs():
+  import fsspec  # pylint: disable=import-outside-toplevel
+  _epath(GCS)  # the same settings as every other request
+  return fsspec.filesystem("gcs")
+
+
+def local_mirror(path: str, root: str | None = None) -> str:
+  """A local copy of a gs:// file, glob or folder (every object under it), for readers
+  that want local files (the corpus, a vocabulary, a HuggingFace model); a local path
+  is returned as it is. Copies live in `root` (default BERT_JAX_LOCAL_CACHE/../gcs,
+  ~/.cache/bert_jax/gcs) at the object's path, with its size and modification time, and
+  are downloaded again only when those differ (a host that lost its disk: all of it).
+  Returns the local path, or the local glob for a glob."""
+  if not is_gcs(path):
+    return path
+  root = root or os.path.expanduser(os.environ.get("BERT_JAX_GCS_MIRROR", "~/.cache/bert_jax/gcs"))
+  local_of = lambda name: os.path.join(root, name[len(GCS):] if name.startswith(GCS) else name)
+  fsys = _gcsfs()
+  pattern = any(c in path for c in "*?[")
+  if pattern:
+    found = retrying(path, "list", lambda: fsys.glob(path, detail=True))
+  else:
+    found = retrying(path, "list", lambda: fsys.find(path, detail=True, withdirs=False))
+  found = {k: v for k, v in found.items() if v.get("type") != "directory"}
+  if not found:
+    raise StorageError(f"cannot read {path}: no such object (nor objects under it)")
+  for name, info in sorted(found.items()):
+    dest = local_of(name)
+    mtime = _mtime(info)
+    if (os.path.isfile(dest) and os.path.getsize(dest) == int(info["size"])
+        and (mtime is None or abs(os.path.getmtime(dest) - mtime) < 1e-3)):
+      continue
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    download(GCS + name if not name.startswith(GCS) else name, dest)
+    if mtime is not None:
+      os.utime(dest, (mtime, mtime))  # the same fingerprint on every host
+  return local_of(path[len(GCS):])
+
+
+def _mtime(info: dict) -> float | None:
+  value = info.get("updated") or info.get("mtime")
+  if value is None:
+    return None
+  if isinstance(value, (int, float)):
+    return float(value)
+  import datetime  # pylint: disable=import-outside-toplevel
+  if isinstance(value, datetime.datetime):
+    return value.timestamp()
+  return datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
 @contextlib.contextmanager
 def local_copy_for_writing(path: str, suffix: str = "") -> Iterator[str]:
   """A local file name to write, copied to `path` when the block ends without error

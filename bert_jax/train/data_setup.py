@@ -36,9 +36,28 @@ def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
                  workdir: str) -> dataset.Prepared:
   """The prepared examples of every seq_len (prepared now if not stored yet)."""
   cache_dir = data.cache_dir or default_cache_dir(workdir)
+  data = _local_inputs(data)
   if jax.process_count() == 1:
     return _check_streams(data, dataset.prepare(data, seq_lens, cache_dir, seed))
   return _check_streams(data, _prepare_data_multiprocess(data, seq_lens, cache_dir, seed))
+
+
+def _local_inputs(data: DataSettings) -> DataSettings:
+  """A corpus (file, glob or folder of objects) or vocabulary in a bucket, copied to this
+  host's disk first (fs.local_mirror: only what is missing or changed), since the data
+  code reads local files; the copies keep the objects' sizes and times, so the prepared
+  data's key is the same on every host."""
+  changes = {}
+  if fs.is_gcs(data.corpus):
+    console.log(f"copying {data.corpus} to this host (once; kept in ~/.cache/bert_jax/gcs)")
+    changes["corpus"] = fs.local_mirror(data.corpus)
+  if data.vocab_file and fs.is_gcs(data.vocab_file):
+    changes["vocab_file"] = fs.local_mirror(data.vocab_file)
+  if data.cache_dir and fs.is_gcs(data.cache_dir):
+    raise ConfigError(f"--config.data.cache_dir={data.cache_dir}: prepared data is read by "
+                      "random access from local files; expected a local folder (the default "
+                      "for a gs:// workdir is one on this host's disk)")
+  return dataclasses.replace(data, **changes) if changes else data
 
 
 def default_cache_dir(workdir: str) -> str:

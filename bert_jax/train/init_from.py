@@ -41,7 +41,7 @@ from bert_jax import console
 from bert_jax.io import source_check
 from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.data import corpus, dataset, vocab_extension
-from bert_jax.io import checkpointing, hf_weights, sources
+from bert_jax.io import checkpointing, fs, hf_weights, sources
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, MLM, NSP, bert_config_from_hf,
                                    hf_state_to_params, params_to_hf_state)
@@ -85,6 +85,16 @@ class Source:
 
 def _flag(path: str) -> str:
   return f"--config.init_from={path!r}"
+
+
+def _local_unless_checkpoint(path: str) -> str:
+  """A bert-jax checkpoint on a bucket is read where it is (Orbax on GCS); a HuggingFace
+  or TensorFlow directory there is copied to this host first (fs.local_mirror)."""
+  if not fs.is_gcs(path):
+    return os.path.abspath(path)
+  if fs.isdir(fs.join(path, "checkpoints")) or fs.isdir(fs.join(path, "params")):
+    return path.rstrip("/")
+  return fs.local_mirror(path.rstrip("/"))
 
 
 def _kind(path: str) -> str:
@@ -135,8 +145,8 @@ def _read_bert_jax(path: str) -> Source:
 
 def resolve(s: Settings) -> Source:
   """The source of `s.init.path`, checked against the run's config; one error line if not."""
-  path = os.path.abspath(s.init.path)
-  kind = _kind(path)
+  path = _local_unless_checkpoint(s.init.path)
+  kind = "bert-jax" if fs.is_gcs(path) else _kind(path)
   if kind == "tensorflow" and importlib.util.find_spec("tensorflow") is None:
     raise ConfigError(f"{_flag(path)} is a google-research/bert TensorFlow checkpoint; reading "
                       "it needs TensorFlow, which is not installed (pip install tensorflow-cpu)")
