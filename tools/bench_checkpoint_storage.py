@@ -56,7 +56,7 @@ def _state():
   import numpy as np
   from bert_jax.model.bert import abstract_params
   from bert_jax.model.config import BertConfig
-  config = BertConfig()  # BERT-Base: 12 layers, hidden 768, vocab 30522
+  config = BertConfig(vocab_size=30522)  # BERT-Base: 12 layers, hidden 768
   import flax.linen as nn
   shapes = nn.meta.unbox(abstract_params(config))
   rng = np.random.default_rng(0)
@@ -87,6 +87,17 @@ def _time(directory: str, params, opt_state, repeats: int) -> tuple[list, list]:
   return saves, restores
 
 
+def _cpu() -> str:
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--repeats", type=int, default=3)
@@ -103,7 +114,7 @@ def main() -> int:
     params, opt_state, n = _state()
     gb = 3 * n * 4 / 1e9
     print(f"state: {n / 1e6:.1f}M params + Adam moments, float32, {gb:.2f} GB; "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+          f"{_cpu()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"median of {args.repeats}")
     print("| storage | save s | save GB/s | restore s | restore GB/s |")
     print("| --- | --- | --- | --- | --- |")
