@@ -51,6 +51,7 @@ from typing import Optional
 from bert_jax import cli as common
 from bert_jax.dist import host_malloc
 from bert_jax.errors import ConfigError
+from bert_jax.io import fs
 
 
 def _floats(flag: str, text: str) -> tuple[float, ...]:
@@ -120,11 +121,11 @@ def _parser() -> argparse.ArgumentParser:
 def _check_save(path: Optional[str], overwrite: bool) -> None:
   if path is None:
     return
-  path = os.path.abspath(path)
-  if os.path.exists(path) and not os.path.isdir(path):
+  path = fs.abspath(path)
+  if fs.isfile(path):
     raise ConfigError(f"--save {path}: exists and is not a directory; expected a directory "
                       "(created if missing)")
-  if os.path.isdir(path) and os.listdir(path) and not overwrite:
+  if fs.listdir_or_empty(path) and not overwrite:
     raise ConfigError(f"--save {path}: exists and is not empty; pass --overwrite to replace it")
 
 
@@ -144,11 +145,10 @@ def run(args: argparse.Namespace) -> dict:
       head_dropout=args.head_dropout, eval_batch_size=args.eval_batch_size,
       dtype=args.dtype).validate()
   _check_save(args.save, args.overwrite)
-  if args.output_dir is not None and os.path.exists(args.output_dir) and not os.path.isdir(
-      args.output_dir):
+  if args.output_dir is not None and fs.isfile(args.output_dir):
     raise ConfigError(f"--output_dir {args.output_dir}: exists and is not a directory")
-  if not os.path.isdir(args.checkpoint):
-    found = "is not a directory" if os.path.exists(args.checkpoint) else "no such directory"
+  if not fs.isdir(args.checkpoint):
+    found = "is not a directory" if fs.exists(args.checkpoint) else "no such directory"
     raise ConfigError(f"--checkpoint {args.checkpoint}: {found}; expected a workdir, its "
                       "checkpoints/ folder, a step folder or a convert import")
   task = tasks.load_task(args.task, args.data_dir)
@@ -163,9 +163,9 @@ def run(args: argparse.Namespace) -> dict:
     log = lambda msg: print(msg, flush=True) if jax.process_index() == 0 else None
     log(tuner.describe())
     results = tuner.sweep(output_dir=output_dir, progress=False if args.no_progress else None)
-    results_file = os.path.join(output_dir, finetune_report.RESULTS_FILE)
+    results_file = fs.join(output_dir, finetune_report.RESULTS_FILE)
     log(finetune_report.format_table(results))
-    log(f"wrote {results_file} and TensorBoard events under {os.path.join(output_dir, 'runs')}")
+    log(f"wrote {results_file} and TensorBoard events under {fs.join(output_dir, 'runs')}")
     if args.save is not None:
       where = _save(tuner, results, args.save, args.overwrite, results_file)
       best = results["summary"]["best_run"]
@@ -179,11 +179,13 @@ def _take_outputs(stack: contextlib.ExitStack, output_dir: str, save: Optional[s
   locked for the run: a second fine-tuning with the same outputs stops at once with one
   line, instead of overwriting the first's results.json."""
   from bert_jax.dist import workdir_lock
-  common.check_writable_dir("--output_dir", output_dir)
+  check = lambda flag, where: (fs.check_bucket(where) if fs.is_gcs(where)
+                               else common.check_writable_dir(flag, where))
+  check("--output_dir", output_dir)
   taken = [("--output_dir", output_dir, None)]
   if save is not None:
-    parent, base = os.path.split(os.path.abspath(save))
-    common.check_writable_dir("--save", parent)  # the checkpoint is made beside it, renamed
+    parent, base = fs.parent(fs.abspath(save)), fs.basename(save)
+    check("--save", parent)  # the checkpoint is made beside it (or locally) and moved
     taken.append(("--save", parent, f".{base}.lock"))
   for flag, where, lock_file in taken:
     try:

@@ -294,3 +294,28 @@ def test_two_processes_on_one_bucket_workdir_equal_one_process_of_eight_devices(
   np.testing.assert_allclose([got[s] for s in sorted(got)],
                              [expected[s] for s in sorted(expected)], rtol=0, atol=1e-5)
   assert _complete_steps(server, "two") == [dist.HALF, dist.STEPS]
+
+
+@pytest.mark.slow
+def test_finetune_save_and_convert_to_hf_to_and_from_a_bucket(server, tmp_path):
+  from test_finetune import VOCAB, CONFIG, _write_task
+  import jax
+  from bert_jax import finetune as finetune_cli
+  from bert_jax.io import checkpointing, convert, fs
+  from bert_jax.model.bert import init_params
+  ckpt = str(tmp_path / "pretrained")
+  checkpointing.save_params(ckpt, 0, init_params(CONFIG, jax.random.key(0)),
+                            {"model_config": CONFIG.to_dict(), "vocab": VOCAB, "lowercase": True})
+  task = _write_task(str(tmp_path / "has_cat"), lambda w: "yes" if "cat" in w else "no")
+  assert finetune_cli.main(["--checkpoint", ckpt, "--task", task, "--output_dir", "gs://bkt/ft",
+                            "--save", "gs://bkt/ft-model", "--learning_rates", "3e-3",
+                            "--seeds", "0", "--epochs", "1", "--no_progress"]) == 0
+  results = json.loads(fs.read_text("gs://bkt/ft/results.json"))
+  assert results["checkpoint_step"] == 0 and results["runs"][0]["steps"] > 0
+  assert any(n.startswith("events.") for n in fs.listdir("gs://bkt/ft/runs/lr0.003_seed0/tensorboard"))
+  params, meta = checkpointing.restore_params("gs://bkt/ft-model")
+  assert meta["classifier"]["labels"] == ["no", "yes"]
+  convert.export_hf("gs://bkt/ft-model", "gs://bkt/ft-hf")
+  assert {"config.json", "model.safetensors", "vocab.txt"} <= set(fs.listdir("gs://bkt/ft-hf"))
+  with pytest.raises(Exception, match="exists and is not empty"):
+    convert.export_hf("gs://bkt/ft-model", "gs://bkt/ft-hf")

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -56,7 +55,7 @@ from tqdm import tqdm
 from bert_jax import cli as common, console
 from bert_jax.dist import sharding
 from bert_jax.features import extract as features, restore
-from bert_jax.io import checkpointing
+from bert_jax.io import checkpointing, fs
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.eval import finetune_report as report, metrics as metrics_lib, tasks as tasks_lib
@@ -200,7 +199,7 @@ class FineTuner:
                       step: Optional[int] = None,
                       devices: Optional[Sequence[Any]] = None) -> FineTuner:
     params, config, tokenizer, meta = restore.load_checkpoint(path, step, devices=devices)
-    meta = {**meta, "checkpoint": os.path.abspath(path)}
+    meta = {**meta, "checkpoint": fs.abspath(path)}
     return cls(params, config, tokenizer, task, recipe, meta=meta, devices=devices)
 
   # --- compiled steps ---
@@ -356,7 +355,7 @@ class FineTuner:
     r = self.recipe
     writes = output_dir is not None and jax.process_index() == 0
     if writes:
-      os.makedirs(output_dir, exist_ok=True)
+      fs.makedirs(output_dir)
     runs: list[RunResult] = []
     best_score, self.best_params = -math.inf, None
     split, metric = self.task.eval_splits[0], self.task.metric_names[0]
@@ -369,7 +368,7 @@ class FineTuner:
       with console.through(bar):
         for lr in r.learning_rates:
           for seed in r.seeds:
-            reporter = (Reporter(os.path.join(output_dir, "runs", run_name(lr, seed)))
+            reporter = (Reporter(fs.join(output_dir, "runs", run_name(lr, seed)))
                         if output_dir is not None else None)
             try:
               result, params = self.run(lr, seed, reporter=reporter, bar=bar)
@@ -390,7 +389,7 @@ class FineTuner:
       bar.close()
     results = self._results(runs, time.perf_counter() - started)
     if writes:
-      common.write_json(os.path.join(output_dir, RESULTS_FILE), results)
+      common.write_json(fs.join(output_dir, RESULTS_FILE), results)
     return results
 
   def _results(self, runs: list[RunResult], seconds: float) -> dict:
@@ -446,4 +445,4 @@ class FineTuner:
       with convert.atomic_output_dir(directory, overwrite) as tmp:
         checkpointing.save_params(tmp, meta["step"], self.best_params, meta,
                                   this_process_only=True)
-    return os.path.join(os.path.abspath(directory), "checkpoints", str(meta["step"]))
+    return fs.join(fs.abspath(directory), "checkpoints", str(meta["step"]))

@@ -210,6 +210,14 @@ def listdir(path: str) -> list[str]:
   return retrying(path, "list", lambda: sorted(p.name for p in _epath(path).iterdir()))
 
 
+def listdir_or_empty(path: str) -> list[str]:
+  """`listdir`, or [] where nothing is (a bucket prefix without objects, a missing folder)."""
+  try:
+    return listdir(path) if isdir(path) else []
+  except FileNotFoundError:
+    return []
+
+
 def read_bytes(path: str) -> bytes:
   if not is_gcs(path):
     with open(path, "rb") as f:
