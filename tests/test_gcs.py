@@ -319,3 +319,27 @@ def test_finetune_save_and_convert_to_hf_to_and_from_a_bucket(server, tmp_path):
   assert {"config.json", "model.safetensors", "vocab.txt"} <= set(fs.listdir("gs://bkt/ft-hf"))
   with pytest.raises(Exception, match="exists and is not empty"):
     convert.export_hf("gs://bkt/ft-model", "gs://bkt/ft-hf")
+
+
+@pytest.mark.slow
+def test_data_prepared_once_into_a_bucket_is_copied_to_a_new_host_with_the_same_bytes(
+    server, tmp_path):
+  from test_prepare_workers import prepared_bytes
+  args = lambda workdir, cache: soak_kill.tiny_args(workdir, cache, 4)
+  env_of = lambda vm: {**soak_kill.subprocess_env(), "BERT_JAX_LOCAL_CACHE": str(vm)}
+  # A local preparation: the bytes every other way must give.
+  soak_kill.run_to_end(args(str(tmp_path / "local_run"), str(tmp_path / "local_cache")),
+                       env_of(tmp_path / "unused"))
+  local = [os.path.join(tmp_path / "local_cache", n) for n in os.listdir(tmp_path / "local_cache")]
+  first = soak_kill.run_to_end(args("gs://bkt/data-a", "gs://bkt/cache"), env_of(tmp_path / "vm1"))
+  assert "copying prepared data" in first.stdout and "Preparing" in first.stdout
+  key = os.path.basename(local[0])
+  assert "manifest.json" in os.listdir(os.path.join(_mirror(server, "cache"), key))
+  # Another host (an empty disk): copied down, not prepared again.
+  second = soak_kill.run_to_end(args("gs://bkt/data-b", "gs://bkt/cache"), env_of(tmp_path / "vm2"))
+  assert "Preparing" not in second.stdout, second.stdout
+  assert f"copying prepared data gs://bkt/cache/{key}" in second.stdout
+  copied = os.path.join(tmp_path, "vm2", "bkt", "cache", key)
+  assert prepared_bytes(copied) == prepared_bytes(local[0])
+  assert soak_kill.train_rows(_mirror(server, "data-a")) == soak_kill.train_rows(
+      _mirror(server, "data-b")) == soak_kill.train_rows(str(tmp_path / "local_run"))

@@ -9,24 +9,20 @@ in parts, by as many workers and hosts as there are, and reuse it on later runs.
                (part_pool) and, on a shared cache, by every process (`Share`)
   merge        the parts' records in part order: one dataset (part_merge)
 
-So the prepared bytes are the same for any number of workers and hosts, and a
-corpus of one part (up to 64 MiB) gives the examples it gave before parts.
+So the prepared bytes are the same for any number of workers and hosts.
 
 Layout under `cache_dir`:
 
   <key>/                  `Prepared.directory`; key = hash of the settings
     settings.json         what the data was made from (for people)
     stats.json            counts: documents, sentences, tokens, repaired input, examples
-    tokenizer/            vocab.txt + tokenizer_config.json
-    seq<L>/               info.json, train.<shard>.array_record, eval.<shard>.array_record
+    tokenizer/            vocab.txt + tokenizer_config.json; seq<L>/: info.json + shards
   .<key>.parts-seq<L>/    while preparing: tokenizer/, part-<i>/ (complete parts only)
 
-The merge is written to `.<key>.tmp-<host>-<pid>/` and renamed to `<key>/`;
-a seq_len added later goes through `<key>/.parts-seq<L>/` and
-`<key>/.seq<L>.tmp-<host>-<pid>/` to `seq<L>/`. So whatever exists under its
-final name is complete; a crash leaves the finished parts, which a rerun
-uses, and `.tmp` debris, which is never read and is removed by a later run.
-The record format is example_store's.
+The merge is written to `.<key>.tmp-<host>-<pid>/` and renamed to `<key>/`; a seq_len
+added later goes through `<key>/.parts-seq<L>/` and `<key>/.seq<L>.tmp-<host>-<pid>/` to
+`seq<L>/`. So whatever exists under its final name is complete; a crash leaves the
+finished parts (a rerun uses them) and `.tmp` debris (never read, removed later).
 """
 
 from __future__ import annotations
@@ -369,6 +365,10 @@ def _part_size(c: DataSettings, fingerprint: dict) -> dict:
     return {"tfds_part_examples": corpus_parts.TFDS_PART_EXAMPLES}
   total = _corpus_bytes(c, fingerprint)
   return {"part_bytes": corpus_parts.part_bytes(total)} if total > corpus_parts.PART_BYTES else {}
+
+
+def key(c: DataSettings, seed: int) -> str:  # the folder name in cache_dir of a whole corpus
+  return _hash(_key_settings(c, seed, None))
 
 
 def _key_settings(c: DataSettings, seed: int, local: Share | None) -> dict:

@@ -218,6 +218,14 @@ def listdir_or_empty(path: str) -> list[str]:
     return []
 
 
+def find(path: str) -> list[str]:
+  """Every file (object) under a folder (prefix), as full paths, sorted."""
+  if not is_gcs(path):
+    return sorted(os.path.join(d, f) for d, _, files in os.walk(path) for f in files)
+  found = retrying(path, "list", lambda: _gcsfs().find(path))
+  return sorted(n if n.startswith(GCS) else GCS + n for n in found)
+
+
 def read_bytes(path: str) -> bytes:
   if not is_gcs(path):
     with open(path, "rb") as f:

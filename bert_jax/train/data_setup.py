@@ -16,6 +16,7 @@ processes, the whole corpus, all hosts at the same time. Any process's failure s
 import dataclasses
 import json
 import os
+import shutil
 import secrets
 import tempfile
 from typing import Callable
@@ -26,6 +27,7 @@ from jax.experimental import multihost_utils
 
 from bert_jax import console
 from bert_jax.data import dataset, part_merge
+from bert_jax.data.example_store import MANIFEST_FILE as MANIFEST
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.io import fs
 from bert_jax.settings import DataSettings
@@ -35,8 +37,10 @@ from bert_jax.data.tokenizer import Tokenizer
 def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
                  workdir: str) -> dataset.Prepared:
   """The prepared examples of every seq_len (prepared now if not stored yet)."""
-  cache_dir = data.cache_dir or default_cache_dir(workdir)
+  cache_dir = data.cache_dir or os.path.join(workdir, "prepared")
   data = _local_inputs(data)
+  if fs.is_gcs(cache_dir):
+    return _check_streams(data, _prepare_through_bucket(data, seq_lens, seed, cache_dir))
   if jax.process_count() == 1:
     return _check_streams(data, dataset.prepare(data, seq_lens, cache_dir, seed))
   return _check_streams(data, _prepare_data_multiprocess(data, seq_lens, cache_dir, seed))
@@ -53,23 +57,71 @@ def _local_inputs(data: DataSettings) -> DataSettings:
     changes["corpus"] = fs.local_mirror(data.corpus)
   if data.vocab_file and fs.is_gcs(data.vocab_file):
     changes["vocab_file"] = fs.local_mirror(data.vocab_file)
-  if data.cache_dir and fs.is_gcs(data.cache_dir):
-    raise ConfigError(f"--config.data.cache_dir={data.cache_dir}: prepared data is read by "
-                      "random access from local files; expected a local folder (the default "
-                      "for a gs:// workdir is one on this host's disk)")
   return dataclasses.replace(data, **changes) if changes else data
 
 
-def default_cache_dir(workdir: str) -> str:
-  """`<workdir>/prepared`; for a workdir on a bucket, a folder on this host's disk
-  (~/.cache/bert_jax/prepared/<bucket>/<path>): the input pipeline reads records by
-  random access, which wants a local file. The bytes do not depend on where they are
-  made, so a host that lost its disk (a preempted spot VM) prepares the same again."""
-  if not fs.is_gcs(workdir):
-    return os.path.join(workdir, "prepared")
-  return os.path.join(os.path.expanduser(os.environ.get("BERT_JAX_LOCAL_CACHE",
-                                                        "~/.cache/bert_jax/prepared")),
-                      workdir[len(fs.GCS):].strip("/"))
+def local_cache_of(bucket_dir: str) -> str:
+  """Where a gs:// cache_dir's preparations are read from on this host:
+  ~/.cache/bert_jax/prepared/<bucket>/<path> (BERT_JAX_LOCAL_CACHE moves it)."""
+  root = os.path.expanduser(os.environ.get("BERT_JAX_LOCAL_CACHE", "~/.cache/bert_jax/prepared"))
+  return os.path.join(root, bucket_dir[len(fs.GCS):].strip("/"))
+
+
+def _prepare_through_bucket(data: DataSettings, seq_lens: list[int], seed: int,
+                            bucket_dir: str) -> dataset.Prepared:
+  """Prepared once into the bucket, read from a copy on each host's disk.
+
+  The input pipeline reads records by random access, which wants local files. So
+  process 0 copies a complete preparation down from the bucket (a preempted spot VM
+  lost its disk), or prepares it here and uploads it (its manifest last: a bucket
+  preparation without one is never used); then every other host copies it down.
+  Each copy is checked against the manifest's sizes before use (dataset.prepare's
+  `is_complete`), and the bytes are those of a local preparation: resume stays exact.
+  """
+  local = local_cache_of(bucket_dir)
+  key = dataset.key(data, seed)
+  remote = fs.join(bucket_dir, key)
+  if jax.process_index() == 0:
+    _copy_down(remote, local, key)
+    prepared = dataset.prepare(data, seq_lens, local, seed)
+    _copy_up(prepared.directory, remote)
+  if jax.process_count() == 1:
+    return prepared
+  multihost_utils.sync_global_devices("bert_jax:prepared_in_bucket")
+  if jax.process_index() != 0:
+    _copy_down(remote, local, key)
+    prepared = dataset.prepare(data, seq_lens, local, seed)  # complete: read, not prepared
+  return prepared
+
+
+def _copy_down(remote: str, local: str, key: str) -> None:
+  here = os.path.join(local, key)
+  if dataset.is_complete(here, repair=False) or not fs.exists(fs.join(remote, MANIFEST)):
+    return
+  console.log(f"copying prepared data {remote} to {here}")
+  staging = os.path.join(local, f".{key}.tmp-{dataset.owner()}")
+  copied = fs.local_mirror(remote, root=staging)
+  shutil.rmtree(here, ignore_errors=True)
+  os.replace(copied, here)  # whole, or not at all
+  shutil.rmtree(staging, ignore_errors=True)
+
+
+def _copy_up(directory: str, remote: str) -> None:
+  """The files the bucket lacks (a seq_len added later: its folder), the manifest last."""
+  have = set(_objects(remote)) if fs.listdir_or_empty(remote) else set()
+  names = sorted(os.path.relpath(os.path.join(d, f), directory)
+                 for d, _, files in os.walk(directory) for f in files)
+  todo = [n for n in names if n not in have
+          and not any(part.startswith(".") for part in n.split(os.sep))]  # no debris
+  if not todo:
+    return
+  console.log(f"copying prepared data {directory} to {remote}")
+  for name in sorted(todo, key=lambda n: n == MANIFEST):
+    fs.upload(os.path.join(directory, name), fs.join(remote, name))
+
+
+def _objects(remote: str) -> list[str]:
+  return [os.path.relpath(p, remote) for p in fs.find(remote)]
 
 
 def _check_streams(data: DataSettings, prepared: dataset.Prepared) -> dataset.Prepared:
