@@ -188,7 +188,7 @@ def test_kill_9_mid_save_and_anywhere_then_resume_on_a_bucket_equals_the_local_r
   mirror = _mirror(server, "killed-run")
   for kill in ("mid-save", "random", "mid-save"):
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
       soak_kill.wait_for_step(proc, mirror, soak_kill.logged_steps(mirror) + rng.randint(1, 4))
       if kill == "mid-save":  # a step folder without Orbax's commit file: a save under way
