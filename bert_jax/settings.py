@@ -90,7 +90,8 @@ class DataSettings:
       raise _fail("data.vocab_sample_bytes", self.vocab_sample_bytes, ">= 1")
     if not self.vocab_file and self.vocab_size < 1:
       raise _fail("data.vocab_size", self.vocab_size, "a positive integer")
-    if self.vocab_file and not os.path.isfile(self.vocab_file):
+    if self.vocab_file and not self.vocab_file.startswith("gs://") and not os.path.isfile(
+        self.vocab_file):  # one in a bucket is checked when it is copied to this host
       what = "is a directory" if os.path.isdir(self.vocab_file) else "does not exist or is not a file"
       raise ConfigError(f"--config.data.vocab_file: '{self.vocab_file}' {what}; expected a "
                         "vocab.txt file (one token per line)")

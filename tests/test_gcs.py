@@ -343,3 +343,29 @@ def test_data_prepared_once_into_a_bucket_is_copied_to_a_new_host_with_the_same_
   assert prepared_bytes(copied) == prepared_bytes(local[0])
   assert soak_kill.train_rows(_mirror(server, "data-a")) == soak_kill.train_rows(
       _mirror(server, "data-b")) == soak_kill.train_rows(str(tmp_path / "local_run"))
+
+
+def test_a_task_folder_in_a_bucket_is_read(server):
+  from bert_jax.eval import tasks
+  from bert_jax.io import fs
+  fs.write_text("gs://bkt/tasks/mine/train.tsv", "label\ttext\nyes\ta b\nno\tc d\n")
+  fs.write_text("gs://bkt/tasks/mine/dev.tsv", "label\ttext\nyes\te f\n")
+  task = tasks.load_task("gs://bkt/tasks/mine")
+  assert task.name == "mine" and task.labels == ("no", "yes") and len(task.splits["dev"]) == 1
+
+
+@pytest.mark.slow
+def test_convert_from_hf_reads_a_model_in_a_bucket(server, tmp_path):
+  from test_init_from import write_source
+  from bert_jax.io import checkpointing, convert, fs
+  src = write_source(str(tmp_path / "hf"), heads=True)
+  for name in os.listdir(src):
+    fs.upload(os.path.join(src, name), f"gs://bkt/hf-src/{name}")
+  assert convert.main(["from-hf", "gs://bkt/hf-src", str(tmp_path / "imported")]) == 0
+  assert convert.main(["from-hf", src, str(tmp_path / "imported_local")]) == 0
+  import jax
+  import numpy as np
+  a, _ = checkpointing.restore_params(str(tmp_path / "imported"))
+  b, _ = checkpointing.restore_params(str(tmp_path / "imported_local"))
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(x, y)

@@ -274,8 +274,8 @@ def _main(argv: list[str]) -> None:
   args = _parser().parse_args(argv)
   if args.command == "to-hf":
     meta = export_hf(args.source, args.out_dir, step=args.step, overwrite=args.overwrite)
-    print(f"exported {os.path.abspath(args.source)} (step {meta.get('step')}) -> "
-          f"{os.path.abspath(args.out_dir)}")
+    print(f"exported {fs.abspath(args.source)} (step {meta.get('step')}) -> "
+          f"{fs.abspath(args.out_dir)}")
     initialised = [g for g, s in meta.get("heads", {}).items() if s == "initialised"]
     if initialised:
       print("  note: " + ", ".join(GROUP_NAMES[g] for g in initialised)
@@ -283,6 +283,7 @@ def _main(argv: list[str]) -> None:
     return
   lower = {"auto": None, "true": True, "false": False}[args.lowercase]
   run = import_hf if args.command == "from-hf" else import_tf
+  args.source = fs.local_mirror(args.source.rstrip("/"))  # a bucket's model: copied here first
   meta = run(args.source, args.out_dir, heads=not args.no_heads, overwrite=args.overwrite,
              seed=args.seed, lowercase=lower)
   _print_import(meta, not args.no_heads)
