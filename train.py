@@ -9,7 +9,7 @@ exit codes and errors: `bert_jax/train_cli.py` (the same as `bert-jax-train`).
 
 import os
 
-from bert_jax.dist import host_malloc
+from bert_jax.parallel import host_malloc
 
 if __name__ == "__main__":
   host_malloc.reexec_with_huge_pages()  # first: it may run this command again

@@ -8,7 +8,7 @@ Imports no JAX.
 
 import importlib
 
-from bert_jax.dist import host_malloc
+from bert_jax.parallel import host_malloc
 
 
 def _command(module: str, function: str) -> None:

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from bert_jax import cli as common
-from bert_jax.dist import host_malloc
+from bert_jax.parallel import host_malloc
 from bert_jax.errors import ConfigError
 from bert_jax.io import fs
 
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> dict:
   """Checks everything cheap first, so bad input fails before anything is written."""
   import jax  # after argument parsing: `--help` and flag errors stay fast
 
-  from bert_jax.dist import startup
+  from bert_jax.parallel import startup
 
   from bert_jax.eval import finetune, finetune_report, tasks
 
@@ -178,7 +178,7 @@ def _take_outputs(stack: contextlib.ExitStack, output_dir: str, save: Optional[s
   """Writability of --output_dir and of --save's folder, checked before any work, and both
   locked for the run: a second fine-tuning with the same outputs stops at once with one
   line, instead of overwriting the first's results.json."""
-  from bert_jax.dist import workdir_lock
+  from bert_jax.parallel import workdir_lock
   check = lambda flag, where: (fs.check_bucket(where) if fs.is_gcs(where)
                                else common.check_writable_dir(flag, where))
   check("--output_dir", output_dir)

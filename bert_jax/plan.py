@@ -38,7 +38,7 @@ FLAGS = flags.FLAGS
 def run_plan(config, topology_name: str = "", json_path: str = "", search: bool = True,
              include_eval: bool = True):
   """Plans `config` (a ConfigDict) and prints it; returns the Plan."""
-  from bert_jax.dist import plan as plan_lib, plan_report, topology
+  from bert_jax.planner import plan as plan_lib, plan_report, topology
   if topology_name:  # before anything asks JAX for a backend (the host side is the CPU)
     topo = topology.parse(topology_name)
     devices = topology.devices(topo)

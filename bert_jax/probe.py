@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from bert_jax.dist import host_malloc
+from bert_jax.parallel import host_malloc
 
 if __name__ == "__main__":  # `python -m bert_jax.probe`: before the JAX imports below
   host_malloc.reexec_with_huge_pages()  # it may run this command again

@@ -23,7 +23,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bert_jax import cli as common
-from bert_jax.dist import host_malloc, startup
+from bert_jax.parallel import host_malloc, startup
 from bert_jax.errors import BertJaxError, Preempted, Terminated
 from bert_jax.trainer import train_and_evaluate
 

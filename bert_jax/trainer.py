@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import console, settings as settings_lib
-from bert_jax.dist import sharding, workdir_lock
+from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.io import fs
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, init_from
@@ -27,7 +27,7 @@ from bert_jax.train.preemption import StopSignals
 from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState, check_same_data, checkpoint_dir
 from bert_jax.settings import Settings
-from bert_jax.train.steps import TrainSteps
+from bert_jax.train.steps import TrainSteps, make_steps  # noqa: F401  (tests and tools import it here too)
 
 
 def _check_workdir(workdir: str) -> None:
@@ -42,17 +42,6 @@ def _check_workdir(workdir: str) -> None:
       raise ConfigError(f"--workdir {workdir}: {path} is not a directory; expected a directory "
                         "(created if missing)")
     path = os.path.dirname(path)
-
-
-def make_steps(s: Settings, vocab_size: int, special_ids: list[int], mask_id: int,
-               is_continuation_V=None, mesh=None) -> TrainSteps:
-  """The compiled-step owner of a run with these settings and vocabulary."""
-  if mesh is None:  # a caller that passes a mesh has checked the batch against it
-    mesh = sharding.make_mesh(s.mesh.model_parallel)
-    sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
-  return TrainSteps(s.model_config(vocab_size), s.optimizer, s.masking, special_ids, mask_id,
-                    mesh, s.mesh.param_sharding, s.train.grad_accum_steps, s.run.seed,
-                    is_continuation_V, objective=s.objective)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:

@@ -345,7 +345,7 @@ def test_the_bench_process_leaves_the_gpu_memory_to_its_workers(monkeypatch):
 
 
 def test_every_worker_gets_the_same_host_allocator_and_system_keeps_glibcs(monkeypatch):
-  from bert_jax.dist import host_malloc
+  from bert_jax.parallel import host_malloc
   monkeypatch.setattr(host_malloc, "glibc_version", lambda: (2, 36))
   monkeypatch.setattr(host_malloc, "thp_available", lambda: True)
   monkeypatch.setattr(host_malloc.bert_jax, "has_accelerator", lambda: False)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from bert_jax.dist import startup, startup_roster
+from bert_jax.parallel import startup, startup_roster
 from bert_jax.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -199,7 +199,7 @@ def test_a_busy_roster_port_stops_process_0_and_frees_its_lock():
 def test_a_second_process_0_on_this_host_names_the_holder_until_it_dies():
   port = _free_port()
   code = ("import sys, time; sys.path.insert(0, %r)\n"
-          "from bert_jax.dist import startup_roster\n"
+          "from bert_jax.parallel import startup_roster\n"
           "startup_roster.lock_coordinator_port(%d, 'x')\n"
           "print('held', flush=True)\n"
           "time.sleep(120)\n" % (ROOT, port))
@@ -223,7 +223,7 @@ _LIVE = """
 import os, sys, time
 sys.path.insert(0, {root!r})
 import numpy as np
-from bert_jax.dist import startup
+from bert_jax.parallel import startup
 startup.initialize_distributed({address!r}, 2, {i}, initialization_timeout=60)
 from jax.experimental import multihost_utils
 print("joined", flush=True)

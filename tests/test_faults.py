@@ -29,7 +29,7 @@ import pytest
 
 from bert_jax import settings
 from bert_jax.data import input_pipeline
-from bert_jax.dist import sharding
+from bert_jax.parallel import sharding
 from bert_jax.io import checkpointing
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError, NonFiniteError, Preempted

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.dist import sharding
+from bert_jax.parallel import sharding
 from bert_jax.features import extract as features, cli as features_cli
 from bert_jax.io import checkpointing
 from bert_jax.errors import CheckpointError, ConfigError

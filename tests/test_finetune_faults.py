@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from bert_jax import finetune as finetune_cli
-from bert_jax.dist import workdir_lock
+from bert_jax.parallel import workdir_lock
 from bert_jax.io import convert
 from test_finetune import data  # noqa: F401  (the module's checkpoint and task fixture)
 from test_full_disk import _dead_pid, _errors, _in_namespace

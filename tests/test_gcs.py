@@ -93,7 +93,7 @@ def test_a_server_that_stops_answering_is_retried_then_one_line(server, fast_ret
 
 
 def test_a_second_run_on_a_held_bucket_workdir_stops_naming_the_holder(server):
-  from bert_jax.dist import workdir_lock
+  from bert_jax.parallel import workdir_lock
   with workdir_lock.hold("gs://bkt/locked", 0) as holder:
     with pytest.raises(workdir_lock.WorkdirInUse) as e:
       with workdir_lock.hold("gs://bkt/locked", 0):
@@ -107,7 +107,7 @@ def test_a_second_run_on_a_held_bucket_workdir_stops_naming_the_holder(server):
 HOLD_AND_WAIT = """
 import sys, time
 sys.path.insert(0, {root!r})
-from bert_jax.dist import workdir_lock
+from bert_jax.parallel import workdir_lock
 with workdir_lock.hold("gs://bkt/killed", 0):
   print("held", flush=True)
   time.sleep(600)
@@ -116,7 +116,7 @@ with workdir_lock.hold("gs://bkt/killed", 0):
 
 def test_a_killed_holders_lease_expires_and_the_next_run_takes_over_saying_so(
     server, capfd, monkeypatch):
-  from bert_jax.dist import bucket_lock, workdir_lock
+  from bert_jax.parallel import bucket_lock, workdir_lock
   env = {**os.environ, "BERT_JAX_LOCK_LEASE_S": "3"}
   proc = subprocess.Popen([sys.executable, "-c", HOLD_AND_WAIT.format(root=ROOT)], env=env,
                           stdout=subprocess.PIPE, text=True)

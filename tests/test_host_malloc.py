@@ -1,4 +1,4 @@
-"""The entry points' huge-page allocator setting (bert_jax.dist.host_malloc)."""
+"""The entry points' huge-page allocator setting (bert_jax.parallel.host_malloc)."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from bert_jax.dist import host_malloc
+from bert_jax.parallel import host_malloc
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_HOST = dict(glibc=(2, 36), thp=True, accelerator=False)
@@ -45,7 +45,7 @@ def test_thp_mode_is_read_from_sysfs(tmp_path):
 _SCRIPT = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, {repo!r})
-    from bert_jax.dist import host_malloc
+    from bert_jax.parallel import host_malloc
     host_malloc.reexec_with_huge_pages()
     print(json.dumps([os.environ.get("GLIBC_TUNABLES", ""), sys.argv[1:]]))
     """)
@@ -77,7 +77,7 @@ def test_opting_out_runs_the_command_as_it_is(tmp_path):
 _PROBE = textwrap.dedent("""
     import runpy, sys
     sys.path.insert(0, {repo!r})
-    from bert_jax.dist import host_malloc
+    from bert_jax.parallel import host_malloc
 
     def stop():  # stands in for the exec: reports what was loaded by then
       print("jax loaded" if "jax" in sys.modules else "jax not loaded")

@@ -18,7 +18,7 @@ import pytest
 import bert_jax
 from bert_jax import settings as settings_lib
 from bert_jax.model import precision
-from bert_jax.dist import hlo, plan as plan_lib, plan_report, topology
+from bert_jax.planner import hlo, plan as plan_lib, plan_report, topology
 from bert_jax.errors import TopologyError
 
 import configs.tiny as tiny

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bert_jax import settings
-from bert_jax.dist import sharding
+from bert_jax.parallel import sharding
 from bert_jax.errors import ConfigError
 from bert_jax.data.pretraining_data import Batch
 from bert_jax.trainer import make_steps

@@ -9,7 +9,7 @@ Each positional argument is one variant: comma-separated `dotted.name=value`
 config overrides ("" = the default config); an item named `xla_...` is an XLA
 flag, added as `--xla_...` to that variant's `XLA_FLAGS`, and an UPPER_CASE item
 an environment variable of that variant's process. Every process runs with the
-host allocator bert-jax's commands use (`bert_jax.dist.host_malloc`) unless its
+host allocator bert-jax's commands use (`bert_jax.parallel.host_malloc`) unless its
 variant sets BERT_JAX_MALLOC=system. Every round runs every variant once,
 in order, each in its own process (`tools.step_builder`: compile, 1 untimed
 step, `--steps` timed steps), so slow drifts of the machine hit all variants alike. Prints the compile
@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as `python tools/ab_step.py`: bert_jax, configs, tools
   sys.path.insert(0, ROOT)
 
-from bert_jax.dist import host_malloc  # noqa: E402
+from bert_jax.parallel import host_malloc  # noqa: E402
 from tools import step_builder  # noqa: E402
 
 _TAG = "AB_RESULT "

@@ -42,7 +42,7 @@ from typing import Callable, Optional, Sequence
 
 import jax
 
-from bert_jax.dist import host_malloc
+from bert_jax.parallel import host_malloc
 from bert_jax.errors import BertJaxError, ConfigError
 from tools import bench_prepare, measure, peers, readme_block, step_builder
 from tools.cases import CASES, Case, ModelSize, model_flops, model_sizes
@@ -153,7 +153,7 @@ def worker_malloc(malloc: str, environ=os.environ) -> dict[str, str]:
   """The environment variables that give every worker the `--malloc` allocator.
 
   'huge-pages' is what bert-jax's own commands run with on a CPU-only host
-  (`bert_jax.dist.host_malloc`; {} where it does not apply), 'system' leaves
+  (`bert_jax.parallel.host_malloc`; {} where it does not apply), 'system' leaves
   glibc as it is, 'retain' makes glibc keep freed memory (RETAIN), 'jemalloc' and
   'tcmalloc' preload that library. Ours and the peers get the same, so a
   comparison is of the steps, not of page faults; run the bench once per

@@ -20,7 +20,7 @@ import json, sys, time
 t_start = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
 import jax, jax.numpy as jnp, numpy as np
-from bert_jax.dist import sharding
+from bert_jax.parallel import sharding
 from bert_jax.train import compile_cache
 from bert_jax.trainer import Trainer, model_config
 from configs import tiny

@@ -47,7 +47,7 @@ def main() -> None:
   import jax
   from bert_jax.data.pretraining_data import Batch
   from bert_jax.data.tokenizer import Tokenizer
-  from bert_jax.dist import sharding
+  from bert_jax.parallel import sharding
   from bert_jax.model.config import BertConfig
   from bert_jax.settings import MaskingSettings, OptimizerSettings, ProbeSettings
   from bert_jax.train import probes

@@ -7,7 +7,7 @@
 
 Compiles the real train step of each phase (phase 1: L=128, P=20; phase 2:
 L=512, P=80) at the reference global batch 256, as `python -m bert_jax.plan`
-does (`bert_jax.dist.plan`), for v4-8, v5e-8, v5p-8 and v6e-8, with libtpu
+does (`bert_jax.planner.plan`), for v4-8, v5e-8, v5p-8 and v6e-8, with libtpu
 on any host (no TPU). Each row: memory per device against the chip's HBM,
 fits or not (and, when not, the planner's fit search: the largest per-device
 batch that fits and which config change makes the batch fit, each verified by
@@ -72,11 +72,11 @@ def row_keys(args) -> list:
 def compile_row(model: str, topo_name: str, phase: int, search: bool, max_compiles: int,
                 layout: str = "") -> dict:
   """Compiles one row's train step (and searches what fits when it does not); a JSON dict."""
-  from bert_jax.dist import topology
+  from bert_jax.planner import topology
   topo = topology.parse(topo_name)
   devices = topology.devices(topo)  # before JAX picks a backend
   from bert_jax import settings as settings_lib
-  from bert_jax.dist import plan as plan_lib, plan_report
+  from bert_jax.planner import plan as plan_lib, plan_report
   s = settings_lib.from_config(load_config(MODELS[model][1]))
   log = lambda m: print(m, file=sys.stderr, flush=True)
   p = plan_lib.Planner(s, devices, s.data.vocab_size, topo.hbm_bytes_per_device, log)

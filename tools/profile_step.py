@@ -39,7 +39,7 @@ if ROOT not in sys.path:  # run as `python tools/profile_step.py`: bert_jax, con
 
 import jax  # noqa: E402  (XLA_FLAGS is read when the backend starts, in main)
 
-from bert_jax.dist import host_malloc  # noqa: E402
+from bert_jax.parallel import host_malloc  # noqa: E402
 from tools import ab_step, cases, step_builder  # noqa: E402
 
 # Model part of an op, from the JAX source path XLA keeps in its metadata.

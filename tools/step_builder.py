@@ -21,7 +21,7 @@ import ml_collections
 from bert_jax.model import bert as model_lib
 from bert_jax.model import precision
 from bert_jax import settings as settings_lib
-from bert_jax.dist import sharding
+from bert_jax.parallel import sharding
 from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import BertModel
 from bert_jax.data.pretraining_data import Batch

@@ -53,7 +53,7 @@ import optax
 from tqdm import tqdm
 
 from bert_jax import cli as common, console
-from bert_jax.dist import sharding
+from bert_jax.parallel import sharding
 from bert_jax.features import extract as features, restore
 from bert_jax.io import checkpointing, fs
 from bert_jax.train import optim

@@ -41,7 +41,7 @@ import numpy as np
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from bert_jax.dist import sharding
+from bert_jax.parallel import sharding
 from bert_jax.features import restore
 from bert_jax.io import checkpointing
 from bert_jax.errors import CheckpointError, ConfigError

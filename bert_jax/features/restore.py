@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 
 from bert_jax.data.tokenizer import Tokenizer
-from bert_jax.dist import sharding
+from bert_jax.parallel import sharding
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.io import checkpointing
 from bert_jax.model.bert import abstract_params

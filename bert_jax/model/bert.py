@@ -2,7 +2,7 @@
 
 The model knows nothing of optimizers or meshes: parameters carry logical axis
 names ('vocab', 'embed', 'mlp', 'heads', 'kv', 'length') that
-`bert_jax.dist.sharding` maps onto a device mesh.
+`bert_jax.parallel.sharding` maps onto a device mesh.
 
 Shape legend: B batch, L sequence length, D hidden size, H attention heads,
 K head size (D / H), F feed-forward size, P masked positions, V padded vocab.

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from bert_jax import console
 from bert_jax.data import input_pipeline
-from bert_jax.dist import sharding
+from bert_jax.parallel import sharding
 from bert_jax.data.dataset import Prepared
 from bert_jax.errors import NonFiniteError, Preempted
 from bert_jax.train.preemption import StopSignals

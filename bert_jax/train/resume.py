@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from bert_jax import console
-from bert_jax.dist import sharding
+from bert_jax.parallel import sharding
 from bert_jax.io import checkpointing, fs
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError

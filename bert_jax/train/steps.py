@@ -25,14 +25,14 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from bert_jax.dist import sharding
+from bert_jax.parallel import sharding
 from bert_jax.model import losses, masking, precision, bert as model_lib
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import BertForPreTraining
 from bert_jax.data.pretraining_data import OBJECTIVES, Batch
-from bert_jax.settings import MaskingSettings, OptimizerSettings
+from bert_jax.settings import MaskingSettings, OptimizerSettings, Settings
 
 # Metric prefix of the 2-way head's task per objective; None: MLM alone.
 HEAD_TASK = {"mlm+nsp": "nsp", "mlm": None, "mlm+sop": "sop"}
@@ -233,3 +233,14 @@ def summarize(sums: dict) -> dict:
       loss = loss + out[f"{task}_loss"]
   out["loss"] = loss
   return out
+
+
+def make_steps(s: Settings, vocab_size: int, special_ids: list[int], mask_id: int,
+               is_continuation_V=None, mesh=None) -> TrainSteps:
+  """The compiled-step owner of a run with these settings and vocabulary."""
+  if mesh is None:  # a caller that passes a mesh has checked the batch against it
+    mesh = sharding.make_mesh(s.mesh.model_parallel)
+    sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
+  return TrainSteps(s.model_config(vocab_size), s.optimizer, s.masking, special_ids, mask_id,
+                    mesh, s.mesh.param_sharding, s.train.grad_accum_steps, s.run.seed,
+                    is_continuation_V, objective=s.objective)

@@ -35,7 +35,7 @@ import time
 from typing import Optional
 
 from bert_jax.errors import ConfigError
-from bert_jax.dist.workdir_lock import describe, holder_record, read_holder
+from bert_jax.parallel.workdir_lock import describe, holder_record, read_holder
 
 _HELLO_TIMEOUT_S = 10.0  # a connection that sends nothing is dropped after this
 

@@ -1,15 +1,15 @@
 """Ahead-of-time plans: compile a run's steps for some devices and read what they need.
 
 `make_plan(settings, devices)` builds the steps exactly as train.py does
-(`trainer.make_steps`: same settings, mesh, shardings, dtype, remat, gradient
+(`train.steps.make_steps`: same settings, mesh, shardings, dtype, remat, gradient
 accumulation, objective) and compiles every phase's train step and the eval
 step from abstract values (`jax.ShapeDtypeStruct`s carrying `NamedSharding`s),
 so nothing is allocated and the devices may be a TPU slice that this host
-only describes (`bert_jax.dist.topology`). Per device it reports the
+only describes (`bert_jax.planner.topology`). Per device it reports the
 parameters, optimizer state and batch (from the shardings), the compiler's
 temporaries and total (`compiled.memory_analysis()`) against the device's
 memory, the FLOPs of one step (analytic, `bert_jax.model.flops`, and XLA's
-`cost_analysis()`), and the step's collectives (`bert_jax.dist.hlo`).
+`cost_analysis()`), and the step's collectives (`bert_jax.planner.hlo`).
 
 When a train step does not fit, `search_fixes` finds the largest per-device
 batch that does and which of gradient accumulation, FSDP and remat make the
@@ -30,10 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import trainer
-from bert_jax.dist import sharding
+from bert_jax.train.steps import make_steps
+from bert_jax.parallel import sharding
 from bert_jax.model import flops, precision
-from bert_jax.dist import hlo
+from bert_jax.planner import hlo
 from bert_jax.errors import ConfigError
 from bert_jax.data.pretraining_data import Batch
 from bert_jax.settings import Phase, Settings
@@ -208,7 +208,7 @@ class Planner:
     self.memory_bytes = memory_bytes
     self.log = log
     self.mesh = sharding.make_mesh(self.s.mesh.model_parallel, self.devices)
-    self.steps = trainer.make_steps(
+    self.steps = make_steps(
         self.s, vocab_size, _SPECIAL_IDS, _MASK_ID,
         np.zeros(vocab_size, bool) if self.s.masking.whole_word else None, mesh=self.mesh)
 
@@ -417,7 +417,7 @@ def _override(s: Settings, field: str, value: Any) -> Settings:
 
 
 def versions() -> dict:
-  from bert_jax.dist import topology
+  from bert_jax.planner import topology
   import jaxlib
   out = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
   tpu = topology.installed_libtpu()
@@ -428,7 +428,7 @@ def versions() -> dict:
 
 def local_memory_bytes(devices: list) -> tuple[Optional[int], str]:
   """(memory per device, its name) for local devices: HBM, or the host RAM share of CPUs."""
-  from bert_jax.dist import topology
+  from bert_jax.planner import topology
   d = devices[0]
   if d.platform == "cpu":
     try:

@@ -94,7 +94,7 @@ def hold(workdir: str, process_index: int = 0, lock_file: str | None = None) -> 
 
 
 def _hold_bucket(workdir: str, process_index: int, lock_file: str | None) -> Iterator[dict]:
-  from bert_jax.dist import bucket_lock  # pylint: disable=import-outside-toplevel
+  from bert_jax.parallel import bucket_lock  # pylint: disable=import-outside-toplevel
   path = fs.join(workdir, lock_file or f".lock-{int(process_index)}")
 
   def in_use(holder: dict) -> WorkdirInUse:

@@ -13,7 +13,7 @@ from typing import Optional
 
 import jax
 
-from bert_jax.dist import startup_roster
+from bert_jax.parallel import startup_roster
 from bert_jax.errors import ConfigError
 
 DEFAULT_DISTRIBUTED_TIMEOUT_S = 120

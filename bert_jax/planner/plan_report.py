@@ -1,14 +1,14 @@
 """The plan as the console shows it: memory per device against HBM, FLOPs, collectives.
 
-(bert_jax.dist.plan compiles and measures; this module only formats.)
+(bert_jax.planner.plan compiles and measures; this module only formats.)
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from bert_jax.dist import sharding
-from bert_jax.dist.plan import GIB, Plan
+from bert_jax.parallel import sharding
+from bert_jax.planner.plan import GIB, Plan
 
 
 
