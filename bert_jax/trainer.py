@@ -20,7 +20,7 @@ from bert_jax.io import fs
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, init_from
 from bert_jax.errors import ConfigError
-from bert_jax.train import probes
+from bert_jax.eval import training_probes as probes
 from bert_jax.train.eval_report import describe_eval
 from bert_jax.train.loop import TrainLoop
 from bert_jax.train.preemption import StopSignals

@@ -9,6 +9,7 @@ drags in transitively counts, not only its own import lines.
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -123,21 +124,119 @@ def test_package_never_imports_configs_or_tools():
   assert not bad, bad
 
 
+# Folders in import order, from the bottom: a module imports its own folder and the folders
+# before it, never one after it (docs/ARCHITECTURE.md draws the same order).
+FOLDER_ORDER = ("data", "model", "io", "parallel", "features", "train", "eval", "planner")
+# Top-level modules any folder may import: what every layer shares at the edge (errors,
+# the console, typed settings, the default config, the commands' shared parsing). The
+# other top-level modules tell a run's story or are commands: nothing in a folder imports
+# them.
+EDGE = ("errors", "console", "settings", "default_config", "cli")
+
+
+def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
+  """(line, bert_jax module or name imported) of imports that run: not under
+  `if TYPE_CHECKING:` (annotations only)."""
+  skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+          and "TYPE_CHECKING" in ast.dump(node.test) for n in ast.walk(node)}
+  out = []
+  for node in ast.walk(tree):
+    if id(node) in skip:
+      continue
+    if isinstance(node, ast.Import):
+      out += [(node.lineno, a.name) for a in node.names if a.name.startswith("bert_jax.")]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(
+        "bert_jax"):
+      out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+  return out
+
+
+def _climbs(trees: dict[str, ast.Module], folders: tuple[str, ...]) -> list[str]:
+  """Imports of a folder's module that go up the folder order, or into a story module."""
+  bad = []
+  for name, tree in trees.items():
+    parts = name.split(".")
+    if len(parts) < 3:
+      continue  # the top level: it tells the run's story, it may import any folder
+    rank = folders.index(parts[1])
+    for line, target in _runtime_imports(tree):
+      t = target.split(".")
+      if len(t) < 2 or t[1] == parts[1]:
+        continue
+      if t[1] in folders:
+        if folders.index(t[1]) > rank:
+          bad.append(f"{name}:{line} imports {target}: {t[1]}/ is above {parts[1]}/")
+      elif t[1] not in EDGE:
+        bad.append(f"{name}:{line} imports {target}: a folder imports no story module")
+  return bad
+
+
+def test_every_folder_has_a_place_in_the_folder_order():
+  folders = {m.split(".")[1] for m in _modules() if m.count(".") >= 2}
+  assert folders == set(FOLDER_ORDER), sorted(folders ^ set(FOLDER_ORDER))
+
+
+def test_folders_import_only_down_the_folder_order():
+  assert not _climbs(_trees(), FOLDER_ORDER)
+
+
+def test_architecture_md_lists_every_module_of_every_folder():
+  # Each folder's section of docs/ARCHITECTURE.md ("## <folder>/...") has a table whose
+  # rows name its modules: a module added, moved or removed without the doc fails here.
+  with open(os.path.join(REPO, "docs", "ARCHITECTURE.md"), encoding="utf-8") as f:
+    doc = f.read()
+  sections = dict(re.findall(r"(?m)^## (\w+)/:[^\n]*\n(.*?)(?=^## |\Z)", doc, re.S))
+  for folder in FOLDER_ORDER:
+    assert folder in sections, f"docs/ARCHITECTURE.md has no '## {folder}/' section"
+    listed = set(re.findall(r"(?m)^\| `(\w+)\.py` \|", sections[folder]))
+    files = {m.rsplit(".", 1)[1] for m in _in(f"bert_jax.{folder}")
+             if m != f"bert_jax.{folder}"}
+    assert listed == files, (folder, sorted(listed ^ files))
+
+
+def test_the_folder_check_finds_a_climb_and_an_aliased_one():
+  # The check itself: a data module importing train (directly, or as an alias) is caught.
+  trees = {"bert_jax.data.x": ast.parse("from bert_jax.train import loop\n"
+                                          "import bert_jax.eval.probe as p\n"
+                                          "from bert_jax import trainer\n"
+                                          "if TYPE_CHECKING:\n  from bert_jax.train import steps\n")}
+  found = _climbs(trees, FOLDER_ORDER)
+  assert len(found) == 3 and "train/ is above data/" in found[0], found
+
+
+def _private_uses(name: str, tree: ast.Module, modules: dict) -> list[str]:
+  """`_private` names of another bert_jax module: imported, or used through any name the
+  module is bound to (`from a import b`, `import a.b as c`, `from a import b as c`)."""
+  bad, aliases = [], {}  # local name -> bert_jax module
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name in modules and a.asname:
+          aliases[a.asname] = a.name
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      for a in node.names:
+        if f"{node.module}.{a.name}" in modules:
+          aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif node.module.startswith("bert_jax") and a.name.startswith("_"):
+          bad.append(f"{name}:{node.lineno} imports {node.module}.{a.name}")
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.value.id in aliases and node.attr.startswith("_")
+        and not node.attr.startswith("__") and aliases[node.value.id] != name):
+      bad.append(f"{name}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
+  return bad
+
+
+def test_the_private_name_check_sees_through_aliases():
+  modules = {"bert_jax.a": "", "bert_jax.b": ""}
+  tree = ast.parse("import bert_jax.a as z\nfrom bert_jax import a as y\nz._x\ny._y\n")
+  assert len(_private_uses("bert_jax.b", tree, modules)) == 2
+
+
 def test_no_private_name_is_used_outside_its_module():
   modules, bad = _modules(), []
   for name, tree in _trees().items():
-    aliases = {}  # local name -> bert_jax module
-    for line, mod, names in _imports(tree):
-      for n in names:
-        if f"{mod}.{n}" in modules:
-          aliases[n] = f"{mod}.{n}"
-        elif mod.startswith("bert_jax") and n.startswith("_"):
-          bad.append(f"{name}:{line} imports {mod}.{n}")
-    for node in ast.walk(tree):
-      if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-          and node.value.id in aliases and node.attr.startswith("_")
-          and not node.attr.startswith("__")):
-        bad.append(f"{name}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
+    bad += _private_uses(name, tree, modules)
   assert not bad, bad
 
 

@@ -10,7 +10,7 @@ process, on this machine's devices, the two things a pre-training run does at ea
   heads and loss) on `--eval_batches` batches of `--batch_size` random sequences of
   length `--seq_len`; the default config evaluates up to 2048 examples
   (data.max_eval_examples), so the time is also scaled to that many;
-- the probe: `train.probes.RunProbes.run` on `word_order` (the run's own code: feature
+- the probe: `eval.training_probes.RunProbes.run` on `word_order` (the run's own code: feature
   extraction by length bucket, then the logistic-regression fit), first call
   (compilation included) and a second call (the programs reused, as at every later eval).
 
@@ -50,7 +50,7 @@ def main() -> None:
   from bert_jax.parallel import sharding
   from bert_jax.model.config import BertConfig
   from bert_jax.settings import MaskingSettings, OptimizerSettings, ProbeSettings
-  from bert_jax.train import probes
+  from bert_jax.eval import training_probes as probes
   from bert_jax.train.steps import TrainSteps
 
   with open(os.path.join(ROOT, "data", "corpus.txt"), encoding="utf-8") as f:

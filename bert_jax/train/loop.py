@@ -16,7 +16,7 @@ _MAX_IN_FLIGHT = 2
 import collections
 import signal
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -32,8 +32,6 @@ from bert_jax.train.preemption import StopSignals
 from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.settings import Phase, Settings
-from bert_jax.train import probes as run_probes
-from bert_jax.train.probes import RunProbes
 from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.train.steps import TrainSteps, summarize
 from bert_jax.train.throughput import Interval, Throughput
@@ -44,10 +42,12 @@ class TrainLoop:
 
   def __init__(self, settings: Settings, steps: TrainSteps, ckpts: RunCheckpoints,
                prepared: Prepared, reporter: Reporter, signals: StopSignals, state: RunState,
-               probes: Optional[RunProbes] = None):
+               probes: Optional[Any] = None):
     self.s, self.steps, self.ckpts, self.prepared = settings, steps, ckpts, prepared
     self.reporter, self.signals, self.state = reporter, signals, state
-    self.probes = probes  # config.probe.tasks: probed after every evaluation
+    # config.probe.tasks, probed after every evaluation: eval/training_probes.RunProbes
+    # (given by the trainer: the loop knows no evaluation beyond its own).
+    self.probes = probes
     self.throughput = Throughput(settings, steps.bert_config, jax.devices()[0].device_kind,
                                  jax.device_count())
     self.compile_s: dict[int, float] = {}  # phase index -> time of its first step
@@ -103,7 +103,7 @@ class TrainLoop:
       return
     m = self.probes.run(self.state.params)
     self.reporter.write("probe", step, m)
-    console.log(f"probe @ {step}: {run_probes.describe(m)}")
+    console.log(f"probe @ {step}: {self.probes.describe(m)}")
 
   def stop_if_requested(self, sync: bool = False, phase: Optional[Phase] = None,
                         position: int = 0) -> None:

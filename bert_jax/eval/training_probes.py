@@ -54,6 +54,10 @@ class RunProbes:
   def __bool__(self) -> bool:
     return bool(self.tasks)
 
+  @staticmethod
+  def describe(metrics: dict[str, float]) -> str:
+    return describe(metrics)
+
   def run(self, params: Any) -> dict[str, float]:
     """{"<task>/<metric>": value, "<task>/num_eval": n, ...} of `params` (a pre-training tree)."""
     start = time.perf_counter()
