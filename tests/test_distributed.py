@@ -23,7 +23,7 @@ import time
 import numpy as np
 import pytest
 
-from tools import multiprocess
+import multiprocess_runs as multiprocess
 
 pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
 

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from tools import multiprocess
+import multiprocess_runs as multiprocess
 
 pytestmark = pytest.mark.slow  # trains in subprocesses
 

@@ -15,7 +15,7 @@ from bert_jax.data.tokenizer import SPECIAL_TOKENS
 from bert_jax.io import checkpointing
 from bert_jax.model.bert import init_params
 from bert_jax.model.config import BertConfig
-from tools import multiprocess
+import multiprocess_runs as multiprocess
 
 pytestmark = pytest.mark.slow  # fine-tunes in subprocesses
 

@@ -1,7 +1,7 @@
-"""The 2-process tests' output filter (tools/multiprocess.own_lines): Gloo's connection
+"""The 2-process tests' output filter (tests/multiprocess_runs.own_lines): Gloo's connection
 messages, however its threads interleave them, are not a process's own lines."""
 
-from tools import multiprocess
+import multiprocess_runs as multiprocess
 
 MSG = "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
 
