@@ -51,7 +51,7 @@ from typing import Optional
 from bert_jax import cli as common
 from bert_jax.parallel import host_malloc
 from bert_jax.errors import ConfigError
-from bert_jax.io import fs
+from bert_jax.storage import fs
 
 
 def _floats(flag: str, text: str) -> tuple[float, ...]:

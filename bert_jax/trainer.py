@@ -16,7 +16,7 @@ import numpy as np
 
 from bert_jax import console, settings as settings_lib
 from bert_jax.parallel import sharding, workdir_lock
-from bert_jax.io import fs
+from bert_jax.storage import fs
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, init_from
 from bert_jax.errors import ConfigError

@@ -126,7 +126,8 @@ def test_package_never_imports_configs_or_tools():
 
 # Folders in import order, from the bottom: a module imports its own folder and the folders
 # before it, never one after it (docs/ARCHITECTURE.md draws the same order).
-FOLDER_ORDER = ("data", "model", "io", "parallel", "features", "train", "eval", "planner")
+FOLDER_ORDER = ("storage", "data", "model", "io", "parallel", "features", "train", "eval",
+                "planner")
 # Top-level modules any folder may import: what every layer shares at the edge (errors,
 # the console, typed settings, the default config, the commands' shared parsing). The
 # other top-level modules tell a run's story or are commands: nothing in a folder imports

@@ -37,7 +37,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def fast_retries(monkeypatch):
-  from bert_jax.io import fs
+  from bert_jax.storage import fs
   monkeypatch.setattr(fs, "RETRIES", 0)  # gcsfs's own retries remain (about 30 s)
   monkeypatch.setattr(fs, "BACKOFF_S", 0.01)
 
@@ -50,7 +50,7 @@ def _errors(stderr: str) -> list[str]:
 
 
 def test_objects_round_trip_list_and_delete(server):
-  from bert_jax.io import fs
+  from bert_jax.storage import fs
   base = "gs://bkt/fs-test"
   fs.write_text(fs.join(base, "a.txt"), "hello")
   fs.write_bytes(fs.join(base, "sub", "b.bin"), b"\0\1")
@@ -64,7 +64,7 @@ def test_objects_round_trip_list_and_delete(server):
 
 
 def test_a_missing_bucket_is_one_line_naming_it(server, fast_retries):
-  from bert_jax.io import fs
+  from bert_jax.storage import fs
   with pytest.raises(fs.StorageError) as e:
     fs.write_text("gs://no-such-bucket/run/x.txt", "x")
   assert "\n" not in str(e.value)
@@ -74,7 +74,7 @@ def test_a_missing_bucket_is_one_line_naming_it(server, fast_retries):
 
 @pytest.mark.slow
 def test_a_server_that_stops_answering_is_retried_then_one_line(server, fast_retries):
-  from bert_jax.io import fs
+  from bert_jax.storage import fs
   fs.write_text("gs://bkt/retry/x.txt", "x")
   server.stop()
   try:
@@ -244,7 +244,7 @@ def test_a_server_that_stops_mid_run_is_one_line_and_the_resume_is_exact(
 def test_features_and_probe_read_a_checkpoint_in_a_bucket(server, local_reference, tmp_path):
   # The reference run's checkpoints, uploaded to the bucket, each step and item folder
   # marked complete as Orbax marks them on GCS (its commit file).
-  from bert_jax.io import fs
+  from bert_jax.storage import fs
   ckpt = os.path.join(local_reference, "checkpoints")
   empty = tmp_path / "empty"
   empty.write_bytes(b"")
@@ -301,7 +301,8 @@ def test_finetune_save_and_convert_to_hf_to_and_from_a_bucket(server, tmp_path):
   from test_finetune import VOCAB, CONFIG, _write_task
   import jax
   from bert_jax import finetune as finetune_cli
-  from bert_jax.io import checkpointing, convert, fs
+  from bert_jax.io import checkpointing, convert
+  from bert_jax.storage import fs
   from bert_jax.model.bert import init_params
   ckpt = str(tmp_path / "pretrained")
   checkpointing.save_params(ckpt, 0, init_params(CONFIG, jax.random.key(0)),
@@ -347,7 +348,7 @@ def test_data_prepared_once_into_a_bucket_is_copied_to_a_new_host_with_the_same_
 
 def test_a_task_folder_in_a_bucket_is_read(server):
   from bert_jax.eval import tasks
-  from bert_jax.io import fs
+  from bert_jax.storage import fs
   fs.write_text("gs://bkt/tasks/mine/train.tsv", "label\ttext\nyes\ta b\nno\tc d\n")
   fs.write_text("gs://bkt/tasks/mine/dev.tsv", "label\ttext\nyes\te f\n")
   task = tasks.load_task("gs://bkt/tasks/mine")
@@ -357,7 +358,8 @@ def test_a_task_folder_in_a_bucket_is_read(server):
 @pytest.mark.slow
 def test_convert_from_hf_reads_a_model_in_a_bucket(server, tmp_path):
   from test_init_from import write_source
-  from bert_jax.io import checkpointing, convert, fs
+  from bert_jax.io import checkpointing, convert
+  from bert_jax.storage import fs
   src = write_source(str(tmp_path / "hf"), heads=True)
   for name in os.listdir(src):
     fs.upload(os.path.join(src, name), f"gs://bkt/hf-src/{name}")

@@ -490,16 +490,9 @@ def load_results(paths: Sequence[str]) -> dict:
 
 
 def _write_atomic(path: str, text: str) -> None:
+  from bert_jax.storage import fs  # the package's one writer of whole files
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  fs.write_atomic_local(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def run_benchmark(cases: Sequence[Case], impls: Sequence[str], quick: bool, warmup: int,

@@ -208,12 +208,9 @@ def write_table(path: str, rows: dict) -> None:
 
 
 def _atomic_write(path: str, text: str) -> None:
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  from bert_jax.storage import fs  # the package's one writer of whole files
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fs.write_atomic_local(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def main(argv=None) -> int:

@@ -25,6 +25,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from bert_jax.data import pretraining_data
+from bert_jax.storage import fs
 
 TOKENIZER_DIR = "tokenizer"
 SETTINGS_FILE = "settings.json"
@@ -43,10 +44,9 @@ def shard_path(prefix: str, shard: int) -> str:
 
 
 def write_json(path: str, obj: Any) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  """`obj` as JSON, atomically (storage.fs: the one writer of whole files)."""
+  text = json.dumps(obj, indent=2, sort_keys=True)
+  fs.write_atomic_local(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def owner() -> str:

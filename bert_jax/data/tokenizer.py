@@ -31,6 +31,7 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from bert_jax.storage import fs
 from bert_jax.errors import ConfigError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -412,7 +413,4 @@ def _normalizer(lowercase: bool) -> normalizers.Normalizer:
 
 def _write_atomic(path: str, text: str) -> None:
   # A crash mid-write must never leave a truncated vocab that a later run loads.
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  fs.write_atomic_local(path, lambda f: f.write(text.encode("utf-8")))

@@ -55,7 +55,8 @@ from tqdm import tqdm
 from bert_jax import cli as common, console
 from bert_jax.parallel import sharding
 from bert_jax.features import extract as features, restore
-from bert_jax.io import checkpointing, fs
+from bert_jax.io import checkpointing
+from bert_jax.storage import fs
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.eval import finetune_report as report, metrics as metrics_lib, tasks as tasks_lib

@@ -293,7 +293,7 @@ def load_task(spec: str, data_dir: Optional[str] = None) -> Task:
   """The task `spec` names (module docstring), fully read and checked; bad input is a
   TaskError (a train split of one class), a dev split too small to tell is a warning."""
   if isinstance(spec, str) and spec.startswith("gs://"):  # a task folder in a bucket
-    from bert_jax.io import fs  # pylint: disable=import-outside-toplevel
+    from bert_jax.storage import fs  # pylint: disable=import-outside-toplevel
     spec = fs.local_mirror(spec.rstrip("/"))
   task = _load_task(spec, data_dir)
   check_usable(task)

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from bert_jax import cli as common
-from bert_jax.io import fs
+from bert_jax.storage import fs
 from bert_jax.parallel import host_malloc
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.features.extract import DTYPES, POOLINGS, Extractor, Features

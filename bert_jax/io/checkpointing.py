@@ -20,7 +20,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from bert_jax.errors import CheckpointError
-from bert_jax.io import fs
+from bert_jax.storage import fs
 
 ITEMS = ("params", "opt_state", "meta")
 RESTORED_STEP = "restored_step"  # added to the meta restore_params returns

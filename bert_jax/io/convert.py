@@ -35,7 +35,8 @@ from safetensors.numpy import save_file
 
 from bert_jax import cli as common
 from bert_jax.data.example_store import owner, remove_stale
-from bert_jax.io import checkpointing, fs
+from bert_jax.io import checkpointing
+from bert_jax.storage import fs
 from bert_jax.errors import ConfigError
 from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, POOLER, ConvertError,
                                  ImportReport, bert_config_from_hf, hf_config_from_bert,

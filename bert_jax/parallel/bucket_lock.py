@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 
 from bert_jax.errors import ConfigError
-from bert_jax.io import fs
+from bert_jax.storage import fs
 
 LEASE_S = float(os.environ.get("BERT_JAX_LOCK_LEASE_S", 60))
 

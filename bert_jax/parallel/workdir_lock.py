@@ -32,7 +32,7 @@ import socket
 from collections.abc import Iterator
 
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.io import fs
+from bert_jax.storage import fs
 
 
 class WorkdirInUse(BertJaxError):

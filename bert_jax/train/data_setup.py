@@ -29,7 +29,7 @@ from bert_jax import console
 from bert_jax.data import dataset, part_merge
 from bert_jax.data.example_store import MANIFEST_FILE as MANIFEST
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.io import fs
+from bert_jax.storage import fs
 from bert_jax.settings import DataSettings
 from bert_jax.data.tokenizer import Tokenizer
 

@@ -41,7 +41,8 @@ from bert_jax import console
 from bert_jax.io import source_check
 from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.data import corpus, dataset, vocab_extension
-from bert_jax.io import checkpointing, fs, hf_weights, sources
+from bert_jax.io import checkpointing, hf_weights, sources
+from bert_jax.storage import fs
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, MLM, NSP, bert_config_from_hf,
                                    hf_state_to_params, params_to_hf_state)

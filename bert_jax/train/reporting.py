@@ -14,7 +14,7 @@ import jax
 
 from bert_jax import console
 from bert_jax.errors import ConfigError
-from bert_jax.io import fs
+from bert_jax.storage import fs
 
 
 def is_record(obj: Any) -> bool:

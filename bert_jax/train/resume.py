@@ -16,7 +16,8 @@ import numpy as np
 
 from bert_jax import console
 from bert_jax.parallel import sharding
-from bert_jax.io import checkpointing, fs
+from bert_jax.io import checkpointing
+from bert_jax.storage import fs
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError
 from bert_jax.model.config import BertConfig
