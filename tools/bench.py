@@ -36,7 +36,6 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
