@@ -90,3 +90,24 @@ def test_our_own_record_cut_short_by_a_kill_is_dropped_silently(tmp_path):
   # Appended to without a truncate in between: the merged line is still ours.
   _write(path, _records(1) + b'{"split": "train", "st' + _records(2) + b"a note\n")
   assert [row["step"] for row in r.history(10)] == [1] and r.skipped_lines == 1
+
+
+def test_the_probe_panel_has_one_standard_error_bars_and_the_majority_line():
+  # A dev of 123 moves by about 0.045 between evaluations: without bars that reads as a
+  # trend (the Quick start's 0.51 -> 0.47 -> 0.54), with them it reads as noise.
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from matplotlib.container import ErrorbarContainer
+  from bert_jax.train import reporting
+  rows = [{"split": "probe", "step": s, "word_order/accuracy": a, "word_order/num_eval": 123.0,
+           "word_order/majority_accuracy": 0.504} for s, a in ((400, 0.512), (800, 0.472))]
+  fig, ax = plt.subplots()
+  reporting._probe_points(ax, "word_order/accuracy", rows)  # pylint: disable=protected-access
+  bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+  assert len(bars) == 1
+  segments = bars[0].lines[2][0].get_segments()
+  half = [abs(seg[1][1] - seg[0][1]) / 2 for seg in segments]
+  assert half == pytest.approx([(a * (1 - a) / 123) ** 0.5 for a in (0.512, 0.472)])
+  assert [tuple(l.get_ydata()) for l in ax.lines if l.get_linestyle() == "--"] == [(0.504, 0.504)]
+  plt.close(fig)
