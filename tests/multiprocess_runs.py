@@ -43,9 +43,21 @@ class LaunchFailed(Exception):
 
 
 def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+  """A loopback port P free with P + 1 free too: bert-jax's start-up roster listens next
+  to the coordinator (a client's ephemeral port there once failed a CI run)."""
+  for _ in range(200):
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+      if port >= 65535:
+        continue
+      try:
+        with socket.socket() as t:
+          t.bind(("127.0.0.1", port + 1))
+      except OSError:
+        continue
+      return port
+  raise RuntimeError("no two consecutive free loopback ports")
 
 
 def _env(devices: int, cache: Optional[str]) -> dict:

@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -50,9 +49,7 @@ TINY = [
 
 
 def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+  return multiprocess.free_port()  # and the port after it (the start-up roster's)
 
 
 def _env(devices: int, cache: str) -> dict:

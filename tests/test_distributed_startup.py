@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+import multiprocess_runs as multiprocess
+
 from bert_jax.parallel import startup, startup_roster
 from bert_jax.errors import ConfigError
 
@@ -24,16 +26,7 @@ LIMIT_S = 60  # per process: import time on a busy machine + TIMEOUT
 
 
 def _free_port() -> int:
-  """A port P with P+1 free too (the roster's): P+1 of a random port may be taken."""
-  while True:
-    with socket.socket() as s, socket.socket() as t:
-      s.bind(("127.0.0.1", 0))
-      port = s.getsockname()[1]
-      try:
-        t.bind(("127.0.0.1", port + 1))
-      except OSError:
-        continue
-      return port
+  return multiprocess.free_port()  # and P+1, the roster's
 
 
 def _start(tmp_path, name: str, address: str, n: int, i: int) -> subprocess.Popen:
