@@ -278,22 +278,36 @@ def test_two_processes_on_one_bucket_workdir_equal_one_process_of_eight_devices(
     server, tmp_path):
   """2 processes x 4 devices write one gs:// workdir (each its own checkpoint shards), stop
   at step 12 and resume to 24: the losses are those of 1 process x 8 devices on a local
-  disk."""
+  disk. Both read the data the reference prepared: a process that prepared its own while
+  the other waited at the first collective could miss gloo's 30 s start-up window, and a
+  run that missed it is started once more, in a fresh workdir (as launch_retrying does)."""
   import numpy as np
+  import multiprocess_runs as multiprocess
   import test_distributed as dist
   jit, data, logs = str(tmp_path / "jit"), str(tmp_path / "data"), str(tmp_path / "logs")
   ref = str(tmp_path / "reference")
   dist._run({"ref": dist._one_process(ref, dist.STEPS, 8, data)}, logs, jit)
-  pair = (data, str(tmp_path / "process1_data"))
-  first = dist._run(dist._two_processes("gs://bkt/two", dist.HALF, pair), logs + "1", jit)
+
+  def two(name: str, steps: int) -> dict[str, str]:
+    runs = {p: ([sys.executable, dist.TRAIN, *dist.TINY, *args], devices) for p, (args, devices)
+            in dist._two_processes(f"gs://bkt/{name}", steps, (data, data)).items()}
+    return multiprocess.launch(runs, logs, jit, ROOT)
+
+  for name in ("two", "two-again"):
+    try:
+      first = two(name, dist.HALF)
+      second = two(name, dist.STEPS)
+      break
+    except multiprocess.LaunchFailed as e:
+      if multiprocess.GLOO_STARTUP not in str(e) or name == "two-again":
+        raise
   assert "8 cpu devices in 2 processes" in first["process0"]
-  second = dist._run(dist._two_processes("gs://bkt/two", dist.STEPS, pair), logs + "2", jit)
   assert dist._resumed_at(second["process0"], dist.HALF), second["process0"]
-  got, expected = dist._losses(_mirror(server, "two")), dist._losses(ref)
+  got, expected = dist._losses(_mirror(server, name)), dist._losses(ref)
   assert sorted(got) == sorted(expected) == list(range(1, dist.STEPS + 1))
   np.testing.assert_allclose([got[s] for s in sorted(got)],
                              [expected[s] for s in sorted(expected)], rtol=0, atol=1e-5)
-  assert _complete_steps(server, "two") == [dist.HALF, dist.STEPS]
+  assert _complete_steps(server, name) == [dist.HALF, dist.STEPS]
 
 
 @pytest.mark.slow
