@@ -12,6 +12,7 @@ once more, from a clean workdir, when gloo's start-up timed out (below).
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import signal
@@ -43,20 +44,25 @@ class LaunchFailed(Exception):
 
 
 def free_port() -> int:
-  """A loopback port P free with P + 1 free too: bert-jax's start-up roster listens next
-  to the coordinator (a client's ephemeral port there once failed a CI run)."""
-  for _ in range(200):
-    with socket.socket() as s:
-      s.bind(("127.0.0.1", 0))
-      port = s.getsockname()[1]
-      if port >= 65535:
-        continue
-      try:
-        with socket.socket() as t:
-          t.bind(("127.0.0.1", port + 1))
-      except OSError:
-        continue
-      return port
+  """A loopback port P free with P + 1 free too (bert-jax's start-up roster listens next
+  to the coordinator), outside the kernel's ephemeral range: a port bind(0) hands out is
+  one of the next ones the processes' own HTTP connections get (to the GCS server of
+  tests/test_gcs.py), and one of them once took P + 1 before the roster did."""
+  try:
+    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+      low = int(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    low = 32768
+  rng = random.Random()
+  for _ in range(500):
+    port = rng.randrange(10000, max(low - 1, 10002))
+    try:
+      with socket.socket() as s, socket.socket() as t:
+        s.bind(("127.0.0.1", port))
+        t.bind(("127.0.0.1", port + 1))
+    except OSError:
+      continue
+    return port
   raise RuntimeError("no two consecutive free loopback ports")
 
 
