@@ -308,9 +308,12 @@ def rmtree(path: str) -> None:
 def upload(local: str, path: str) -> None:
   """A local file to `path` (a bucket object or a local file), atomically."""
   if is_gcs(path):
-    retrying(path, "write", lambda: _epath(path).write_bytes(open(local, "rb").read()))
+    with open(local, "rb") as src:
+      data = src.read()
+    retrying(path, "write", lambda: _epath(path).write_bytes(data))
   else:
-    write_atomic_local(path, lambda f: shutil.copyfileobj(open(local, "rb"), f))
+    with open(local, "rb") as src:
+      write_atomic_local(path, lambda f: shutil.copyfileobj(src, f))
 
 
 def download(path: str, local: str) -> None:
