@@ -6,6 +6,8 @@ import os
 import sys
 from typing import Optional
 
+from bert_jax.storage import fs
+
 __version__ = "0.2.0"
 
 # Device files of an accelerator JAX could open: TPU chips (v4: /dev/accel*; v5e, v5p, v6e:
@@ -21,7 +23,7 @@ def has_accelerator(patterns: tuple = _ACCELERATOR_FILES,
     return True
   for path in glob.glob(pci_vendors):
     try:
-      with open(path) as f:
+      with fs.open(path) as f:
         if f.read().strip() == _GOOGLE_PCI_VENDOR:
           return True
     except OSError:

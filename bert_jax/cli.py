@@ -135,7 +135,7 @@ def check_writable_dir(flag: str, directory: str) -> None:
   probe = os.path.join(directory, f".write-check-{os.getpid()}")
   try:
     os.makedirs(directory, exist_ok=True)
-    with open(probe, "wb") as f:
+    with fs.open(probe, "wb") as f:
       f.write(b"0" * 4096)  # a block: an inode alone fits on a full disk
       f.flush()
       os.fsync(f.fileno())

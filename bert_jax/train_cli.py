@@ -26,6 +26,7 @@ from bert_jax import cli as common
 from bert_jax.parallel import host_malloc, startup
 from bert_jax.errors import BertJaxError, Preempted, Terminated
 from bert_jax.trainer import train_and_evaluate
+from bert_jax.storage import fs
 
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
           tuple: "a tuple such as '(128,512)'", list: "a tuple such as '(128,512)'"}
@@ -187,7 +188,7 @@ def config_meanings() -> dict[str, str]:
   """`data.corpus` -> its one-line meaning: the comment on (or above) its line in default_config.py."""
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_config.py")
   meanings, above, section = {}, [], ""
-  with open(path, encoding="utf-8") as f:
+  with fs.open(path, encoding="utf-8") as f:
     for line in f:
       text = line.strip()
       if text.startswith("#"):

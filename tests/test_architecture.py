@@ -241,6 +241,37 @@ def test_no_private_name_is_used_outside_its_module():
   assert not bad, bad
 
 
+# Opening, renaming and replacing files: only bert_jax/storage does it, so every path a
+# user gives (local or gs://) meets one layer (os.open stays: fcntl's lock files).
+_FILE_CALLS = {("", "open"), ("io", "open"), ("os", "replace"), ("os", "rename"),
+               ("shutil", "move")}
+
+
+def _file_calls(tree: ast.AST) -> list[tuple[int, str]]:
+  out = []
+  for node in ast.walk(tree):
+    if not isinstance(node, ast.Call):
+      continue
+    f = node.func
+    if isinstance(f, ast.Name) and ("", f.id) in _FILE_CALLS:
+      out.append((node.lineno, f.id))
+    elif (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+          and (f.value.id, f.attr) in _FILE_CALLS):
+      out.append((node.lineno, f"{f.value.id}.{f.attr}"))
+  return sorted(out)
+
+
+def test_only_the_storage_layer_opens_renames_or_replaces_files():
+  bad = [f"{name}:{line} {call}" for name, tree in _trees().items()
+         if not name.startswith("bert_jax.storage") for line, call in _file_calls(tree)]
+  assert not bad, bad
+
+
+def test_the_file_call_check_finds_open_and_os_replace():
+  tree = ast.parse("import os\nwith open('x') as f: pass\nos.replace('a', 'b')\nfs.open('y')")
+  assert _file_calls(tree) == [(2, "open"), (3, "os.replace")]
+
+
 def test_no_import_cycles():
   modules = _modules()
   graph = {}

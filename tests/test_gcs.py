@@ -240,12 +240,11 @@ def test_a_server_that_stops_mid_run_is_one_line_and_the_resume_is_exact(
   assert not diffs, diffs
 
 
-@pytest.mark.slow
-def test_features_and_probe_read_a_checkpoint_in_a_bucket(server, local_reference, tmp_path):
-  # The reference run's checkpoints, uploaded to the bucket, each step and item folder
-  # marked complete as Orbax marks them on GCS (its commit file).
+def _upload_checkpoints(workdir: str, bucket_workdir: str, tmp_path) -> None:
+  """A local run's checkpoints, uploaded to the bucket, each step and item folder marked
+  complete as Orbax marks them on GCS (its commit file)."""
   from bert_jax.storage import fs
-  ckpt = os.path.join(local_reference, "checkpoints")
+  ckpt = os.path.join(workdir, "checkpoints")
   empty = tmp_path / "empty"
   empty.write_bytes(b"")
   for d, _, files in os.walk(ckpt):
@@ -253,7 +252,38 @@ def test_features_and_probe_read_a_checkpoint_in_a_bucket(server, local_referenc
     marked = rel.split(os.sep)[0].isdigit() and rel.count(os.sep) <= 1
     for f in files + (["commit_success.txt"] if marked else []):
       src = os.path.join(d, f) if f in files else str(empty)
-      fs.upload(src, "gs://bkt/readers/checkpoints/" + os.path.join(rel, f))
+      fs.upload(src, f"{bucket_workdir}/checkpoints/" + os.path.join(rel, f))
+
+
+@pytest.mark.slow
+def test_a_damaged_newest_checkpoint_in_a_bucket_is_moved_aside_and_retrained(
+    server, local_reference, tmp_path):
+  """The newest step's biggest array file, rewritten with half its bytes in the bucket:
+  the resume warns, moves the step to corrupt-<step> (copied, then deleted: a bucket has
+  no rename), falls back to the step before and trains to the same arrays and rows."""
+  from bert_jax.storage import fs
+  _upload_checkpoints(local_reference, "gs://bkt/damaged", tmp_path)
+  fs.upload(os.path.join(local_reference, "metrics.jsonl"), "gs://bkt/damaged/metrics.jsonl")
+  newest = max(soak_kill.complete_steps(local_reference))
+  prefix = f"damaged/checkpoints/{newest}/params/"
+  name, data = max(((k, v) for k, v in server.objects(prefix=prefix).items() if "/d/" in k),
+                   key=lambda kv: len(kv[1]))
+  fs.write_bytes(f"gs://bkt/{name}", data[:len(data) // 2])
+  done = soak_kill.run_to_end(_gcs_args("gs://bkt/damaged", str(tmp_path / "prepared")),
+                              soak_kill.subprocess_env())
+  previous = soak_kill.complete_steps(local_reference)[-2]
+  assert (f"checkpoint gs://bkt/damaged/checkpoints/{newest} is unreadable" in done.stderr
+          and f"falling back to step {previous}" in done.stderr), done.stderr[-3000:]
+  moved = server.objects(prefix=f"damaged/checkpoints/corrupt-{newest}/")
+  assert f"damaged/checkpoints/corrupt-{newest}/commit_success.txt" in moved
+  assert len(moved[name.replace(f"/{newest}/", f"/corrupt-{newest}/")]) == len(data) // 2
+  diffs = soak_kill.differences(local_reference, _mirror(server, "damaged"))
+  assert not diffs, diffs
+
+
+@pytest.mark.slow
+def test_features_and_probe_read_a_checkpoint_in_a_bucket(server, local_reference, tmp_path):
+  _upload_checkpoints(local_reference, "gs://bkt/readers", tmp_path)
   from bert_jax.features.extract import Extractor
   from bert_jax.io import checkpointing
   remote, _ = checkpointing.restore_params("gs://bkt/readers")

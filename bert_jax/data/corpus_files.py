@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterator
 
 from bert_jax.errors import CorpusError
+from bert_jax.storage import fs
 
 _SNIFF_LINES = 1000
 _SNIFF_BYTES = 1 << 16
@@ -108,7 +109,7 @@ def check_file(path: str) -> None:
     raise CorpusError(f"corpus file '{path}' is not a regular file (a pipe or device?); "
                       "expected a text file, which is read more than once")
   try:
-    with open(path, "rb") as f:
+    with fs.open(path, "rb") as f:
       head = f.read(_SNIFF_BYTES)
   except OSError as e:
     raise CorpusError(f"corpus file '{path}' cannot be read: {e.strerror or e}") from None
@@ -159,7 +160,7 @@ def _blocks(path: str, span: tuple[int, int | None] = (0, None)) -> Iterator[tup
   are followed by a block that starts with the line's last part.
   """
   start, end = span
-  with open(path, "rb", buffering=0) as f:  # blocks are big; no second buffer
+  with fs.open(path, "rb", buffering=0) as f:  # blocks are big; no second buffer
     f.seek(start)
     left = None if end is None else end - start
     rest = f.read(len(_BOM) if left is None else min(len(_BOM), left))

@@ -25,6 +25,7 @@ import os
 import re
 
 from bert_jax.data import corpus
+from bert_jax.storage import fs
 
 # A corpus up to PART_BYTES is one part. Above, parts of MIN_PART_BYTES to PART_BYTES,
 # about TARGET_PARTS of them: a part's fixed costs (its last window, its shard
@@ -132,7 +133,7 @@ def _ranges(paths: list[str], sizes: list[int], a: tuple[int, int],
 def _next_boundary(path: str, offset: int, fmt: str) -> int | None:
   """The first document start at or after `offset` (None: none before the file's end)."""
   pattern = _TAB_BOUNDARY if fmt == "tab" else _PLAIN_BOUNDARY
-  with open(path, "rb") as f:
+  with fs.open(path, "rb") as f:
     f.seek(max(0, offset - 1))  # a line end just before `offset` may start the match
     base, data = f.tell(), b""
     while True:

@@ -7,9 +7,8 @@ in parts, by as many workers and hosts as there are, and reuse it on later runs.
                alone (corpus_parts); each part prepared on its own, streaming, in
                bounded memory (part_writer), by `data.num_workers` worker processes
                (part_pool) and, on a shared cache, by every process (`Share`)
-  merge        the parts' records in part order: one dataset (part_merge)
-
-So the prepared bytes are the same for any number of workers and hosts.
+  merge        the parts' records in part order: one dataset (part_merge), so the
+               prepared bytes are the same for any number of workers and hosts
 
 Layout under `cache_dir`:
 
@@ -46,6 +45,7 @@ from bert_jax.data.prepared_check import (  # noqa: F401
     CacheDirError, PreparedDataError, check_corpus_unchanged, check_seq_dir, is_complete, writable,
     write_manifest)
 from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.storage import fs
 
 if TYPE_CHECKING:  # data code takes its typed part of the settings, never a config
   from bert_jax.settings import DataSettings
@@ -250,7 +250,7 @@ def _shared_tokenizer(c: DataSettings, seed: int, parts_root: str,
     staging = f"{where}.tmp-{owner()}"
     tokenizer.save(staging)
     try:
-      os.rename(staging, where)
+      fs.rename(staging, where)
     except OSError:  # another process saved it first
       shutil.rmtree(staging, ignore_errors=True)
   return where
@@ -294,7 +294,7 @@ def _finish_fresh(c: DataSettings, settings: dict, cache_dir: str, directory: st
     check_corpus_unchanged(c, settings["corpus"])
     write_manifest(staging)
     try:
-      os.rename(staging, directory)  # atomic: the whole preparation appears at once
+      fs.rename(staging, directory)  # atomic: the whole preparation appears at once
     except OSError:
       if not is_complete(directory, repair=False):  # not another process's finished copy
         raise
@@ -305,14 +305,14 @@ def _finish_fresh(c: DataSettings, settings: dict, cache_dir: str, directory: st
 def _add_seq_lens(c: DataSettings, directory: str, jobs: list[part_writer.PartJob],
                   seq_lens: list[int]) -> None:
   """Adds seq_lens to a complete preparation, made with its stored tokenizer."""
-  with open(os.path.join(directory, SETTINGS_FILE), encoding="utf-8") as f:
+  with fs.open(os.path.join(directory, SETTINGS_FILE), encoding="utf-8") as f:
     started_from = json.load(f)["corpus"]  # what the preparation's key was made from
   stagings = {l: os.path.join(directory, f".seq{l}.tmp-{owner()}") for l in seq_lens}
   try:
     part_merge.merge(c, jobs, stagings)
     check_corpus_unchanged(c, started_from)
     for l, staging in stagings.items():
-      os.rename(staging, seq_dir(directory, l))
+      fs.rename(staging, seq_dir(directory, l))
   finally:
     for staging in stagings.values():
       shutil.rmtree(staging, ignore_errors=True)
@@ -327,7 +327,7 @@ def _settings(c: DataSettings, seed: int) -> dict:
   Not `num_workers` nor `streams`: the examples are the same for any of them.
   """
   if c.vocab_file:
-    with open(c.vocab_file, "rb") as f:
+    with fs.open(c.vocab_file, "rb") as f:
       vocab = {"file_sha256": hashlib.sha256(f.read()).hexdigest()}
   else:
     vocab = {"trained_size": int(c.vocab_size), "sample_bytes": int(c.vocab_sample_bytes)}
@@ -439,7 +439,7 @@ def open_split(directory: str, seq_len: int, split: str) -> ExampleSource:
     raise PreparedDataError(f"prepared data {problem}; expected the files its preparation "
                             f"recorded: rerun (dataset.prepare prepares a damaged seq_len "
                             f"again) or delete {where}")
-  with open(os.path.join(where, INFO_FILE), encoding="utf-8") as f:
+  with fs.open(os.path.join(where, INFO_FILE), encoding="utf-8") as f:
     info = json.load(f)
   prefix = os.path.join(where, split)
   counts = info["shards"][split]

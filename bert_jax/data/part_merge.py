@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from bert_jax.data import corpus, corpus_parts, part_writer
 from bert_jax.data.example_store import INFO_FILE, shard_path, write_json
 from bert_jax.errors import CorpusError
+from bert_jax.storage import fs
 
 if TYPE_CHECKING:
   from bert_jax.settings import DataSettings
@@ -48,7 +49,7 @@ def missing(parts: list[part_writer.PartJob]) -> list[part_writer.PartJob]:
 
 
 def _read_part(job: part_writer.PartJob) -> dict:
-  with open(os.path.join(job.directory, part_writer.PART_FILE), encoding="utf-8") as f:
+  with fs.open(os.path.join(job.directory, part_writer.PART_FILE), encoding="utf-8") as f:
     return json.load(f)
 
 

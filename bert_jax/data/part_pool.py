@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection, wait
 from bert_jax.data import part_writer
 from bert_jax.data.prepared_check import CacheDirError
 from bert_jax.errors import BertJaxError, ConfigError, CorpusError
+from bert_jax.storage import fs
 
 PROGRESS_SECONDS = 30.0
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -103,7 +104,7 @@ class Progress:
     for i, job in enumerate(self.others):
       path = os.path.join(job.directory, part_writer.PART_FILE)
       if i not in self.others_done and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
+        with fs.open(path, encoding="utf-8") as f:
           self.others_done[i] = json.load(f)["counts"]["tokens"]
 
   def line(self, now: float) -> str:

@@ -37,6 +37,7 @@ from bert_jax.data.example_store import HEADER, owner, shard_path, write_json
 from bert_jax.data.prepared_check import writable
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.errors import CorpusError
+from bert_jax.storage import fs
 
 if TYPE_CHECKING:
   from bert_jax.settings import DataSettings
@@ -107,7 +108,7 @@ def _prepare_part(job: PartJob, report: Report, keep_tokenizer: bool, staging: s
     stats = _PartWriter(job, tokenizer, out_dirs, report).run()
     write_json(os.path.join(staging, PART_FILE), stats)
     try:
-      os.rename(staging, job.directory)
+      fs.rename(staging, job.directory)
     except OSError:  # another process finished the same part first
       if not os.path.exists(os.path.join(job.directory, PART_FILE)):
         raise

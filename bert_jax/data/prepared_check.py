@@ -19,6 +19,7 @@ from bert_jax.data import corpus
 from bert_jax.errors import BertJaxError, ConfigError, CorpusError
 from bert_jax.data.example_store import (INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE,
                                     TOKENIZER_DIR, shard_path, write_json)
+from bert_jax.storage import fs
 
 
 def is_complete(directory: str, repair: bool = True) -> bool:
@@ -86,7 +87,7 @@ def _check_files(directory: str, recorded: Any) -> str | None:
 
 def _read_json_object(path: str) -> tuple[dict | None, str | None]:
   try:
-    with open(path, encoding="utf-8") as f:
+    with fs.open(path, encoding="utf-8") as f:
       obj = json.load(f)
   except FileNotFoundError:
     return None, f"{path}: missing"

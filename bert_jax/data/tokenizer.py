@@ -168,7 +168,7 @@ class Tokenizer:
     if os.path.isdir(path):
       raise ConfigError(f"vocab file '{path}' is a directory; expected a vocab.txt file")
     try:  # utf-8-sig: a byte order mark (some editors write one) is not part of token 0
-      with open(path, encoding="utf-8-sig") as f:
+      with fs.open(path, encoding="utf-8-sig") as f:
         lines = f.read().splitlines()
     except UnicodeDecodeError as e:
       raise ConfigError(f"vocab file '{path}' is not UTF-8 (byte offset {e.start}); expected "
@@ -192,7 +192,7 @@ class Tokenizer:
     """Reads back what `save` wrote."""
     config_path = os.path.join(directory, CONFIG_FILE)
     try:
-      with open(config_path, encoding="utf-8") as f:
+      with fs.open(config_path, encoding="utf-8") as f:
         config = json.load(f)
       lowercase = config["lowercase"]
     except (OSError, ValueError, KeyError, TypeError):

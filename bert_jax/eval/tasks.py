@@ -66,7 +66,7 @@ from bert_jax.eval.task import (BINARY, BUILTIN_TASKS, CLASSIFICATION, COLA_COLU
 def _text(path: str) -> str:
   if not os.path.isfile(path):
     raise TaskError(f"task file {path} does not exist")
-  with open(path, "rb") as f:
+  with fs.open(path, "rb") as f:
     data = f.read()
   try:
     return data.decode("utf-8")
@@ -101,7 +101,7 @@ def _rows(path: str) -> list[tuple[int, list[str]]]:
 
 def _first_row(path: str) -> list[str]:
   """The first non-blank line's fields (a header, or CoLA's first example)."""
-  with open(path, "rb") as f:
+  with fs.open(path, "rb") as f:
     head = f.read(1 << 16)
   lines = [l for l in head.split(b"\n") if l.strip()]
   if not lines:

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 from bert_jax.errors import TaskError
 from bert_jax.eval.task import CLASSIFICATION, Example, Task, metric_names
+from bert_jax.storage import fs
 
 NAME = "word_order"
 LABELS = ("original", "swapped")
@@ -48,7 +49,7 @@ def read_sentences(path: str = HELDOUT) -> list[str]:
   if not os.path.isfile(path):
     raise TaskError(f"built-in task {NAME}: its text {path} does not exist; expected the "
                     "held-out sentences that ship with bert-jax (bert_jax/eval/word_order_heldout.txt)")
-  with open(path, encoding="utf-8") as f:
+  with fs.open(path, encoding="utf-8") as f:
     return [" ".join(l.split()) for l in f if l.strip()]
 
 

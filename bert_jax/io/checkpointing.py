@@ -96,12 +96,12 @@ def move_aside(mngr: ocp.CheckpointManager, step: int) -> str:
   Orbax no longer lists it, and the step can be written again. Returns the new path.
   """
   root = str(mngr.directory)
-  target = os.path.join(root, f"corrupt-{step}")
+  target = fs.join(root, f"corrupt-{step}")
   if jax.process_index() == 0:
     n = 1
-    while os.path.exists(target):
-      target, n = os.path.join(root, f"corrupt-{step}-{n}"), n + 1
-    os.rename(os.path.join(root, str(step)), target)
+    while fs.exists(target):
+      target, n = fs.join(root, f"corrupt-{step}-{n}"), n + 1
+    fs.move_tree(fs.join(root, str(step)), target)  # on a bucket: copied, then deleted
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(f"bert_jax:moved_aside_{step}")
   mngr.reload()

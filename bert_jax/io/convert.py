@@ -77,8 +77,8 @@ def atomic_output_dir(out_dir: str, overwrite: bool) -> Iterator[str]:
     raise
   old = os.path.join(parent, f".{base}.old-{owner()}")
   if os.path.isdir(out_dir):
-    os.replace(out_dir, old)
-  os.replace(tmp, out_dir)
+    fs.replace(out_dir, old)
+  fs.replace(tmp, out_dir)
   shutil.rmtree(old, ignore_errors=True)
 
 
@@ -210,10 +210,10 @@ def export_hf(ckpt: str, out_dir: str, step: Optional[int] = None,
     for name, obj in (("config.json", hf_config_from_bert(config, meta.get("classifier"))),
                       ("tokenizer_config.json", tok_config),
                       ("special_tokens_map.json", specials)):
-      with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+      with fs.open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2)
         f.write("\n")
-    with open(os.path.join(tmp, "vocab.txt"), "w", encoding="utf-8") as f:
+    with fs.open(os.path.join(tmp, "vocab.txt"), "w", encoding="utf-8") as f:
       f.write("".join(tok + "\n" for tok in tokenizer.vocab))
     os.chmod(os.path.join(tmp, "model.safetensors"), 0o644)  # safetensors writes 0600
   return meta

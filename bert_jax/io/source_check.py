@@ -39,6 +39,7 @@ from bert_jax.io import sources
 from bert_jax.io.hf_weights import (ConvertError, abstract_params_of, get_path, tensor_spec, match_hf_names,
                                  tf_to_hf)
 from bert_jax.model.config import BertConfig
+from bert_jax.storage import fs
 
 # safetensors dtypes that bert_jax.io.convert's reader (safetensors.numpy) loads, with their sizes.
 SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "I64": 8, "U64": 8, "I32": 4, "U32": 4,
@@ -77,7 +78,7 @@ def _safetensors_header(path: str) -> tuple[dict, int, int]:
   """(header object, header bytes n, file size): one message per way the header is damaged."""
   try:
     size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with fs.open(path, "rb") as f:
       head = f.read(8)
       n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
       text = f.read(n) if n is not None and n <= _MAX_HEADER else b""
@@ -150,7 +151,7 @@ def torch_bin_shapes(path: str) -> dict[str, tuple]:
           raise ConvertError(f"{path}: cut short: member {info.filename!r} ends past the "
                              f"file's {size} bytes; {_AGAIN}")
   except zipfile.BadZipFile as e:
-    with open(path, "rb") as f:
+    with fs.open(path, "rb") as f:
       if f.read(2) == b"\x80\x02":  # a legacy pickle, not a zip: nothing cheap to check
         return {}
     raise ConvertError(f"{path}: not a complete torch zip file ({e}); {_AGAIN}") from None

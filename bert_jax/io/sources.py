@@ -22,6 +22,7 @@ from bert_jax.errors import ConfigError
 from bert_jax.io.hf_weights import TF_IGNORED, ConvertError
 from bert_jax.model.config import BertConfig
 from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.storage import fs
 
 
 
@@ -30,7 +31,7 @@ def read_json(path: str, what: str) -> dict:
   if not os.path.isfile(path):
     raise ConfigError(f"{path}: no such file (expected the {what})")
   try:
-    with open(path, encoding="utf-8") as f:
+    with fs.open(path, encoding="utf-8") as f:
       data = json.load(f)
   except (ValueError, UnicodeDecodeError) as e:
     raise ConfigError(f"{path}: not valid JSON ({str(e).splitlines()[0]}); expected the {what} "

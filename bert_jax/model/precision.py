@@ -34,6 +34,8 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.storage import fs
+
 _ACCUM = jnp.float32
 _NATIVE_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
@@ -49,7 +51,7 @@ def _cpuinfo_field(name: str, cpuinfo_path: str) -> str:
   into the measured blocks of the docs (tools/).
   """
   try:
-    with open(cpuinfo_path) as f:
+    with fs.open(cpuinfo_path) as f:
       for line in f:
         if line.startswith(name) and ":" in line:
           return line.split(":", 1)[1].strip()

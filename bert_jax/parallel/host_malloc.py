@@ -23,6 +23,7 @@ import sys
 from typing import Mapping, Optional
 
 import bert_jax
+from bert_jax.storage import fs
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 OPT_OUT = "BERT_JAX_MALLOC"  # =system keeps glibc's defaults
@@ -43,7 +44,7 @@ def glibc_version() -> tuple[int, ...]:
 def thp_available(path: str = _THP_MODE) -> bool:
   """Transparent huge pages on for `madvise`d memory ('[always]' or '[madvise]')."""
   try:
-    with open(path) as f:
+    with fs.open(path) as f:
       return "[never]" not in f.read()
   except OSError:
     return False

@@ -37,6 +37,7 @@ from bert_jax.planner import hlo
 from bert_jax.errors import ConfigError
 from bert_jax.data.pretraining_data import Batch
 from bert_jax.settings import Phase, Settings
+from bert_jax.storage import fs
 
 GIB = 1024**3
 # Placeholder ids of [PAD], [UNK], [CLS], [SEP], [MASK]: constants of the step, not its cost.
@@ -149,7 +150,7 @@ def planned_vocab_size(s: Settings) -> int:
   """The vocabulary the run will have: data.vocab_file's lines, else data.vocab_size (an upper
   bound: a trained vocabulary has at most that many tokens)."""
   if s.data.vocab_file:
-    with open(s.data.vocab_file, encoding="utf-8") as f:
+    with fs.open(s.data.vocab_file, encoding="utf-8") as f:
       return sum(1 for line in f if line.rstrip("\n"))
   return s.data.vocab_size
 

@@ -20,6 +20,7 @@ errors that may pass (a connection refused or reset, a timeout, HTTP 429/5xx).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import os
@@ -226,9 +227,39 @@ def find(path: str) -> list[str]:
   return sorted(n if n.startswith(GCS) else GCS + n for n in found)
 
 
+def open(path: str, mode: str = "r", **kwargs) -> Any:  # pylint: disable=redefined-builtin
+  """`open` for every module but this one: a local file in any mode, or a bucket object
+  to read (written objects go through `write_bytes`/`upload`: whole and atomic)."""
+  if not is_gcs(path):
+    return builtins.open(path, mode, **kwargs)
+  if any(c in mode for c in "wax+"):
+    raise ValueError(f"{path}: bucket objects are written whole (fs.write_bytes), not opened "
+                     f"with mode {mode!r}")
+  return retrying(path, "read", lambda: _epath(path).open(mode, **kwargs))
+
+
+def replace(src: str, dst: str) -> None:
+  """Renames a local file or folder onto `dst` (atomic on one file system)."""
+  _local_only(src, dst, "rename")
+  os.replace(src, dst)
+
+
+def rename(src: str, dst: str) -> None:
+  """Renames a local file or folder to `dst`, failing if `dst` is a non-empty folder
+  (so a finished folder is never replaced, only published once)."""
+  _local_only(src, dst, "rename")
+  os.rename(src, dst)
+
+
+def _local_only(src: str, dst: str, doing: str) -> None:
+  if is_gcs(src) or is_gcs(dst):  # GCS has no rename: a copy, then a delete
+    raise ValueError(f"cannot {doing} {src} to {dst}: bucket objects have no atomic rename; "
+                     "expected local paths (copy with fs.upload)")
+
+
 def read_bytes(path: str) -> bytes:
   if not is_gcs(path):
-    with open(path, "rb") as f:
+    with builtins.open(path, "rb") as f:
       return f.read()
   return retrying(path, "read", lambda: _epath(path).read_bytes())
 
@@ -275,7 +306,7 @@ def write_atomic_local(path: str, write: Callable[[Any], Any]) -> None:
   directory, name = os.path.split(os.path.abspath(path))
   tmp = os.path.join(directory, f".{name}.tmp-{socket.gethostname()}-{os.getpid()}")
   try:
-    with open(tmp, "wb") as f:
+    with builtins.open(tmp, "wb") as f:
       write(f)
     os.replace(tmp, path)
   except BaseException:
@@ -305,14 +336,33 @@ def rmtree(path: str) -> None:
   retrying(path, "delete", lambda: p.rmtree() if p.exists() else None)
 
 
+def move_tree(src: str, dst: str) -> None:
+  """A folder moved to `dst` (which must not exist): a rename on a local disk. A bucket
+  has no rename: every object is copied, then the source deleted, its commit files
+  (Orbax's `commit_success.txt`) first, so a move cut short never leaves a folder that
+  looks complete under the old name."""
+  if not (is_gcs(src) or is_gcs(dst)):
+    os.rename(src, dst)
+    return
+  if not (is_gcs(src) and is_gcs(dst)):
+    _local_only(src, dst, "move")
+  fsys, src, dst = _gcsfs(), src.rstrip("/"), dst.rstrip("/")
+  names = find(src)
+  for name in names:
+    target = dst + name[len(src):]
+    retrying(target, "write", lambda n=name, t=target: fsys.copy(n, t))
+  for name in sorted(names, key=lambda n: basename(n) != "commit_success.txt"):
+    remove(name)
+
+
 def upload(local: str, path: str) -> None:
   """A local file to `path` (a bucket object or a local file), atomically."""
   if is_gcs(path):
-    with open(local, "rb") as src:
+    with builtins.open(local, "rb") as src:
       data = src.read()
     retrying(path, "write", lambda: _epath(path).write_bytes(data))
   else:
-    with open(local, "rb") as src:
+    with builtins.open(local, "rb") as src:
       write_atomic_local(path, lambda f: shutil.copyfileobj(src, f))
 
 

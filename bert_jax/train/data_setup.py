@@ -102,7 +102,7 @@ def _copy_down(remote: str, local: str, key: str) -> None:
   staging = os.path.join(local, f".{key}.tmp-{dataset.owner()}")
   copied = fs.local_mirror(remote, root=staging)
   shutil.rmtree(here, ignore_errors=True)
-  os.replace(copied, here)  # whole, or not at all
+  fs.replace(copied, here)  # whole, or not at all
   shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -225,7 +225,7 @@ def _vocabulary_message(data: DataSettings, seq_lens: list[int], cache_dir: str,
                         seed: int) -> dict:
   tokenizer, where = dataset.vocabulary(data, seq_lens, cache_dir, seed, jax.process_count())
   probe = secrets.token_hex(8)  # a file only processes that share this cache_dir see
-  with open(os.path.join(os.path.abspath(cache_dir), f".probe-{probe}"), "w",
+  with fs.open(os.path.join(os.path.abspath(cache_dir), f".probe-{probe}"), "w",
             encoding="utf-8"):
     pass
   return {"vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "where": where,

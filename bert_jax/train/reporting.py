@@ -70,7 +70,7 @@ class Reporter:
                               self._history_text) + line
         fs.write_text(self.history_path, self._history_text)
       else:
-        with open(self.history_path, "a") as f:
+        with fs.open(self.history_path, "a") as f:
           f.write(line)
     except OSError as e:
       self._failed = True
@@ -129,9 +129,9 @@ class Reporter:
       return
     tmp = self.history_path + ".tmp"
     try:
-      with open(tmp, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+      with fs.open(tmp, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
         f.writelines(kept)
-      os.replace(tmp, self.history_path)
+      fs.replace(tmp, self.history_path)
     except OSError as e:
       if os.path.exists(tmp):
         os.remove(tmp)
@@ -145,7 +145,7 @@ class Reporter:
                               if fs.exists(self.history_path) else "")
       return self._history_text
     try:
-      with open(self.history_path, encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+      with fs.open(self.history_path, encoding="utf-8", errors="surrogateescape", newline="\n") as f:
         return f.read()
     except FileNotFoundError:
       return ""
@@ -219,7 +219,7 @@ class Reporter:
       tmp = local + ".tmp.png"
       fig.savefig(tmp, dpi=100)
       plt.close(fig)
-      os.replace(tmp, local)
+      fs.replace(tmp, local)
     return self.plot_path
 
   def close(self):
