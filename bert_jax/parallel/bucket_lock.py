@@ -12,8 +12,9 @@ for exactly one writer of that generation. So:
             or its VM preempted and deleted), replace exactly that generation: of
             several runs racing to take over, one wins; it says so in one line.
   renew     a thread rewrites the record every lease/4 on the generation it holds;
-            if another run replaced it meanwhile (this one stalled past its lease),
-            one warning line says so (`lost`): two runs then share the workdir.
+            if another run replaced it meanwhile (this one stalled past its lease:
+            a network partition, a frozen VM), the lease is `lost` and the run stops
+            at its next step without writing again (`workdir_lock.check_held`).
   release   delete the generation it holds (never another run's).
 
 The lease (BERT_JAX_LOCK_LEASE_S, 60 s) bounds how long a killed run keeps its
@@ -52,11 +53,13 @@ def _call(path: str, fn):
 
 
 class Lease:
-  """The lock this process holds; `lost` once another run replaced it."""
+  """The lock this process holds; `lost` (the new holder's record) once another run
+  replaced it."""
 
   def __init__(self, path: str, record: dict, generation: int):
     self.path, self.record, self.generation = path, record, generation
-    self.lost = False
+    self.lost: dict | None = None
+    self._lock = threading.Lock()  # a renewal and a verify never interleave
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._renew, name="bert_jax-lease", daemon=True)
 
@@ -65,23 +68,38 @@ class Lease:
     while not self._stop.wait(LEASE_S / 4):
       blob = _blob(self.path)
       try:
-        _call(self.path, lambda r: blob.upload_from_string(
-            json.dumps(self.record), if_generation_match=self.generation, retry=r, timeout=10))
-        self.generation = blob.generation
+        with self._lock:
+          _call(self.path, lambda r: blob.upload_from_string(
+              json.dumps(self.record), if_generation_match=self.generation, retry=r,
+              timeout=10))
+          self.generation = blob.generation
       except exceptions.PreconditionFailed:
-        self.lost = True
-        print(f"warning: lock {self.path} was taken over by another run (this run did not "
-              f"renew it within {LEASE_S:.0f} s); stopping", file=sys.stderr, flush=True)
+        self.lost = _holder_now(self.path)
         return
       except Exception:  # pylint: disable=broad-except
         continue  # the server did not answer: tried again at the next renewal
+
+  def verify(self) -> None:
+    """Reads the lease object's generation now (one metadata request): `lost` if another
+    run replaced it. Before a checkpoint, so none is written after a takeover was
+    visible; a server that does not answer leaves it to the renewals."""
+    if self.lost is not None:
+      return
+    with self._lock:
+      try:
+        current = _call(self.path, lambda r: _blob(self.path).bucket.get_blob(
+            _blob(self.path).name, retry=r, timeout=10))
+      except Exception:  # pylint: disable=broad-except
+        return
+      if current is None or current.generation != self.generation:
+        self.lost = _holder_now(self.path)
 
   def release(self) -> None:
     self._stop.set()
     if self._thread.is_alive():
       self._thread.join(timeout=15)
-    if self.lost:
-      return
+    if self.lost is not None:
+      return  # not ours to delete
     from google.api_core import exceptions
     with contextlib.suppress(exceptions.PreconditionFailed, exceptions.NotFound,
                              fs.StorageError):
@@ -114,6 +132,14 @@ def hold(path: str, record: dict, in_use, describe) -> Iterator[Lease]:
     yield lease
   finally:
     lease.release()
+
+
+def _holder_now(path: str) -> dict:
+  """The record in the lease object now ({} where it cannot be read)."""
+  try:
+    return json.loads(_call(path, lambda r: _blob(path).download_as_bytes(retry=r, timeout=10)))
+  except Exception:  # pylint: disable=broad-except
+    return {}
 
 
 def _take_over(path: str, record: dict, blob, in_use, describe) -> None:

@@ -43,6 +43,29 @@ class WorkdirInUse(BertJaxError):
     self.holder = holder
 
 
+class WorkdirLost(BertJaxError):
+  """Another run took over this run's lease on a bucket workdir."""
+
+
+_leases: list = []  # the bucket leases this process holds (check_held looks at them)
+
+
+def check_held(verify: bool = False) -> None:
+  """Raises WorkdirLost (one line) if another run took over a lease this process holds:
+  the run must not write again. A flag read (the renewals set it), so the loop calls it
+  every step; `verify` asks the bucket now (before a checkpoint save)."""
+  for lease in _leases:
+    if verify:
+      lease.verify()
+    if lease.lost is not None:
+      from bert_jax.parallel import bucket_lock  # pylint: disable=import-outside-toplevel
+      raise WorkdirLost(
+          f"lost the lock {lease.path}: another run took this workdir over "
+          f"({describe(lease.lost)}) after this one did not renew its lease within "
+          f"{bucket_lock.LEASE_S:.0f} s; stopped without writing more; expected one run "
+          "per workdir (the other run goes on)")
+
+
 def lock_path(workdir: str, process_index: int = 0) -> str:
   return os.path.join(os.path.abspath(workdir), f".lock-{int(process_index)}")
 
@@ -104,7 +127,11 @@ def _hold_bucket(workdir: str, process_index: int, lock_file: str | None) -> Ite
                         "after its last renewal) or use another --workdir", holder)
   with bucket_lock.hold(path, holder_record(process_index=int(process_index)), in_use,
                         describe) as lease:
-    yield lease.record
+    _leases.append(lease)
+    try:
+      yield lease.record
+    finally:
+      _leases.remove(lease)
 
 
 def _write_holder(fd: int, workdir: str, path: str, holder: dict) -> None:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from bert_jax import console
 from bert_jax.data import input_pipeline
-from bert_jax.parallel import sharding
+from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.data.dataset import Prepared
 from bert_jax.errors import NonFiniteError, Preempted
 from bert_jax.train.preemption import StopSignals
@@ -163,6 +163,7 @@ class TrainLoop:
             st.params, st.opt_state, jnp.int32(st.step), batch)
         st.step += 1
         pending.append(metrics)
+        workdir_lock.check_held()  # a bucket lease another run took over: write nothing more
         if first:  # compiles: timed on its own, left out of the rates
           jax.block_until_ready(metrics)
           self.compile_s[phase.index] = time.perf_counter() - interval.start

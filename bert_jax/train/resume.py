@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from bert_jax import console
-from bert_jax.parallel import sharding
+from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.io import checkpointing
 from bert_jax.storage import fs
 from bert_jax.data.tokenizer import Tokenizer
@@ -232,6 +232,7 @@ class RunCheckpoints:
           f"parameters at step {state.step} are NaN/inf: not writing checkpoint "
           f"{self.ckpt_dir}/{state.step}; the newest checkpoint is step {self.latest_step()}")
     self.finish_save()  # the previous one's error belongs to its own step
+    workdir_lock.check_held(verify=True)  # no checkpoint after another run took over
     try:
       checkpointing.save(self.mngr, state.step, state.params,
                          {"opt_state": state.opt_state, "rng": self.rng_data},
