@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Optional
 
 from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.storage import fs
 
 
 class _DefaultsShown(argparse.HelpFormatter):
@@ -159,7 +160,6 @@ def write_json(path: str, obj, indent: int = 2) -> None:
 def write_atomic(path: str, write: Callable) -> None:
   """`write(f)` (a binary file) to `path`, a local file or a gs:// object, atomically: a
   failure never leaves a partial file (bert_jax.storage.fs)."""
-  from bert_jax.storage import fs  # pylint: disable=import-outside-toplevel
   if fs.is_gcs(path):
     import io  # pylint: disable=import-outside-toplevel
     buf = io.BytesIO()

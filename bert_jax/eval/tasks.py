@@ -58,6 +58,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from bert_jax.errors import TaskError
+from bert_jax.storage import fs
 # The types are re-exported: callers write tasks.load_task, tasks.Task, tasks.inputs.
 from bert_jax.eval.task import (BINARY, BUILTIN_TASKS, CLASSIFICATION, COLA_COLUMNS, GLUE,
                                 GLUE_DISPLAY, GLUE_TASKS, LAST, REGRESSION, TFDS_PREFIX, Example,
@@ -293,7 +294,6 @@ def load_task(spec: str, data_dir: Optional[str] = None) -> Task:
   """The task `spec` names (module docstring), fully read and checked; bad input is a
   TaskError (a train split of one class), a dev split too small to tell is a warning."""
   if isinstance(spec, str) and spec.startswith("gs://"):  # a task folder in a bucket
-    from bert_jax.storage import fs  # pylint: disable=import-outside-toplevel
     spec = fs.local_mirror(spec.rstrip("/"))
   task = _load_task(spec, data_dir)
   check_usable(task)
