@@ -4,7 +4,7 @@
   python train.py --config configs/base.py --workdir runs/base --config.data.corpus=my.txt
 
 Rerunning with the same --workdir resumes from its latest checkpoint. Flags,
-exit codes and errors: `bert_jax/train_cli.py` (the same as `bert-jax-train`).
+exit codes and errors: `bert_jax/commands/train.py` (the same as `bert-jax-train`).
 """
 
 import os
@@ -13,7 +13,7 @@ from bert_jax.parallel import host_malloc
 
 if __name__ == "__main__":
   host_malloc.reexec_with_huge_pages()  # first: it may run this command again
-  from bert_jax import train_cli
+  from bert_jax.commands import train as train_cli
 
   here = os.path.dirname(os.path.abspath(__file__))
   train_cli.run(os.path.join(here, "configs", "tiny.py"), "runs/tiny")

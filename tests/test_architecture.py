@@ -91,7 +91,7 @@ RULES = [
     ("bert_jax.parallel.startup_roster", JAX, "start-up guards run before JAX is initialised"),
     ("bert_jax.parallel.workdir_lock", JAX, "start-up guards run before JAX is initialised"),
     ("bert_jax.parallel.host_malloc", JAX, "it may exec the command again, before JAX starts"),
-    ("bert_jax.commands", JAX, "the installed commands exec again before JAX starts"),
+    ("bert_jax.commands.launch", JAX, "the commands exec again before JAX starts"),
     ("bert_jax.features", ("optax", "bert_jax.train", "bert_jax.trainer"),
      "feature extraction never loads the optimizer or the trainer"),
     ("bert_jax.train.optim", ("bert_jax.model",), "the optimizer knows no model"),
@@ -107,14 +107,32 @@ def test_import_rule(prefix, forbidden, why):
 
 
 def test_every_module_is_in_a_folder_with_rules_or_tells_the_run_story():
-  # The top level holds the run's story (settings, CLI, trainer, errors, console);
-  # everything else lives in a subpackage.
+  # The top level holds the run's story (settings, trainer, errors, console) and the
+  # commands' `python -m` names; everything else lives in a subpackage.
   top = {m for m, path in _modules().items()
          if m.count(".") == 1 and not path.endswith("__init__.py")}
-  allowed = {"bert_jax.settings", "bert_jax.default_config", "bert_jax.train_cli", "bert_jax.cli",
-             "bert_jax.trainer", "bert_jax.errors", "bert_jax.console", "bert_jax.probe",
-             "bert_jax.finetune", "bert_jax.plan", "bert_jax.commands"}
+  allowed = {"bert_jax.settings", "bert_jax.default_config", "bert_jax.trainer",
+             "bert_jax.errors", "bert_jax.console", *(f"bert_jax.{c}" for c in ALIASES)}
   assert top <= allowed, sorted(top - allowed)
+
+
+# `python -m bert_jax.<name>`: a module of that name only hands over to commands/.
+ALIASES = ("probe", "finetune", "plan", "convert")
+
+
+def test_a_command_alias_only_hands_over_to_its_command():
+  for name in ALIASES:
+    tree = _trees()[f"bert_jax.{name}"]
+    assert [m for _, m in _runtime_imports(tree)] == ["bert_jax.commands.launch"], name
+    assert f"launch.{name}()" in ast.unparse(tree), name
+
+
+def test_nothing_in_the_library_imports_a_command():
+  bad = [f"{name}:{line} imports {target}" for name, tree in _trees().items()
+         if not name.startswith("bert_jax.commands") and name.removeprefix("bert_jax.") not in
+         ALIASES and not name.endswith("__main__")
+         for line, target in _runtime_imports(tree) if target.startswith("bert_jax.commands")]
+  assert not bad, bad
 
 
 def test_package_never_imports_configs_or_tools():
@@ -127,12 +145,12 @@ def test_package_never_imports_configs_or_tools():
 # Folders in import order, from the bottom: a module imports its own folder and the folders
 # before it, never one after it (docs/ARCHITECTURE.md draws the same order).
 FOLDER_ORDER = ("storage", "data", "model", "io", "parallel", "features", "train", "eval",
-                "planner")
+                "planner", "commands")
 # Top-level modules any folder may import: what every layer shares at the edge (errors,
-# the console, typed settings, the default config, the commands' shared parsing). The
-# other top-level modules tell a run's story or are commands: nothing in a folder imports
-# them.
-EDGE = ("errors", "console", "settings", "default_config", "cli")
+# the console, typed settings, the default config). The other top-level modules tell a
+# run's story (trainer) or name a command: only commands/, at the top, imports them.
+EDGE = ("errors", "console", "settings", "default_config")
+TOP = "commands"  # above the story too
 
 
 def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
@@ -157,8 +175,8 @@ def _climbs(trees: dict[str, ast.Module], folders: tuple[str, ...]) -> list[str]
   bad = []
   for name, tree in trees.items():
     parts = name.split(".")
-    if len(parts) < 3:
-      continue  # the top level: it tells the run's story, it may import any folder
+    if len(parts) < 3 or parts[-1] == "__main__":
+      continue  # the top level (the run's story) and `python -m` entry points: anything
     rank = folders.index(parts[1])
     for line, target in _runtime_imports(tree):
       t = target.split(".")
@@ -167,7 +185,7 @@ def _climbs(trees: dict[str, ast.Module], folders: tuple[str, ...]) -> list[str]
       if t[1] in folders:
         if folders.index(t[1]) > rank:
           bad.append(f"{name}:{line} imports {target}: {t[1]}/ is above {parts[1]}/")
-      elif t[1] not in EDGE:
+      elif t[1] not in EDGE and parts[1] != TOP:
         bad.append(f"{name}:{line} imports {target}: a folder imports no story module")
   return bad
 
@@ -193,6 +211,20 @@ def test_architecture_md_lists_every_module_of_every_folder():
     files = {m.rsplit(".", 1)[1] for m in _in(f"bert_jax.{folder}")
              if m != f"bert_jax.{folder}"}
     assert listed == files, (folder, sorted(listed ^ files))
+
+
+def test_architecture_md_draws_the_folder_order_and_lists_the_top_level():
+  with open(os.path.join(REPO, "docs", "ARCHITECTURE.md"), encoding="utf-8") as f:
+    doc = f.read()
+  # The diagram is FOLDER_ORDER, with the story between the library and the commands.
+  drawn = " <- ".join(f"{f}/" for f in FOLDER_ORDER[:-1]) + f" <- the top level <- {TOP}/"
+  assert f"\n{drawn}\n" in doc, drawn
+  table = re.search(r"(?ms)^## The top level[^\n]*\n(.*?)(?=^## )", doc).group(1)
+  listed = {n for row in re.findall(r"(?m)^\| ([^|]+) \|", table)
+            for n in re.findall(r"`(\w+)\.py`", row)}
+  top = {m.split(".")[1] for m, path in _modules().items()
+         if m.count(".") == 1 and not path.endswith("__init__.py")}
+  assert listed == top, sorted(listed ^ top)
 
 
 def test_the_folder_check_finds_a_climb_and_an_aliased_one():

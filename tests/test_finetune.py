@@ -9,8 +9,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bert_jax import finetune as finetune_cli
+from bert_jax.commands import finetune as finetune_cli
 from bert_jax.io import checkpointing, convert
+from bert_jax.commands import convert as convert_cli
 from bert_jax.eval import classifier, finetune, finetune_report, tasks
 from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import init_params
@@ -127,7 +128,7 @@ def test_export_loads_in_transformers_with_the_same_logits(data, cli_run, tmp_pa
   transformers = pytest.importorskip("transformers")
   _, _, save = cli_run
   hf_dir = str(tmp_path / "hf")
-  assert convert.main(["to-hf", save, hf_dir]) == 0
+  assert convert_cli.main(["to-hf", save, hf_dir]) == 0
   model, info = transformers.BertForSequenceClassification.from_pretrained(
       hf_dir, output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"], info

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from bert_jax import finetune as finetune_cli
+from bert_jax.commands import finetune as finetune_cli
 from bert_jax.parallel import workdir_lock
 from bert_jax.io import convert
 from test_finetune import data  # noqa: F401  (the module's checkpoint and task fixture)
@@ -29,7 +29,7 @@ FAST = ["--learning_rates", "3e-3", "--seeds", "0", "--epochs", "1", "--batch_si
 SAVE_ON_FULL_DISK = """
 import resource, signal, sys
 sys.path.insert(0, {root!r})
-from bert_jax import finetune as cli
+from bert_jax.commands import finetune as cli
 from bert_jax.eval import finetune
 real = finetune.FineTuner.save
 def save(*args, **kwargs):

@@ -18,7 +18,7 @@ COMMANDS = {
     "finetune": [sys.executable, "-m", "bert_jax.finetune"],
     "probe": [sys.executable, "-m", "bert_jax.probe"],
     "features": [sys.executable, "-m", "bert_jax.features"],
-    "convert": [sys.executable, "-m", "bert_jax.io.convert"],
+    "convert": [sys.executable, "-m", "bert_jax.convert"],
 }
 
 
@@ -41,7 +41,7 @@ def test_plan_help_exits_0_not_the_does_not_fit_status():
 
 
 def test_a_config_by_name_resolves_to_the_shipped_file(tmp_path):
-  from bert_jax import train_cli  # pylint: disable=import-outside-toplevel
+  from bert_jax.commands import train as train_cli  # pylint: disable=import-outside-toplevel
   (tmp_path / "mine.py").write_text("")
   argv = ["train.py", "--config", "base", "--config=large", "--config",
           str(tmp_path / "mine.py"), "--workdir", "tiny"]

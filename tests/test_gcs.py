@@ -37,9 +37,9 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def fast_retries(monkeypatch):
-  from bert_jax.storage import fs
-  monkeypatch.setattr(fs, "RETRIES", 0)  # gcsfs's own retries remain (about 30 s)
-  monkeypatch.setattr(fs, "BACKOFF_S", 0.01)
+  from bert_jax.storage import retries
+  monkeypatch.setattr(retries, "RETRIES", 0)  # gcsfs's own retries remain (about 30 s)
+  monkeypatch.setattr(retries, "BACKOFF_S", 0.01)
 
 
 @pytest.fixture
@@ -470,8 +470,9 @@ def test_two_processes_on_one_bucket_workdir_equal_one_process_of_eight_devices(
 def test_finetune_save_and_convert_to_hf_to_and_from_a_bucket(server, tmp_path):
   from test_finetune import VOCAB, CONFIG, _write_task
   import jax
-  from bert_jax import finetune as finetune_cli
+  from bert_jax.commands import finetune as finetune_cli
   from bert_jax.io import checkpointing, convert
+  from bert_jax.commands import convert as convert_cli
   from bert_jax.storage import fs
   from bert_jax.model.bert import init_params
   ckpt = str(tmp_path / "pretrained")
@@ -529,12 +530,13 @@ def test_a_task_folder_in_a_bucket_is_read(server):
 def test_convert_from_hf_reads_a_model_in_a_bucket(server, tmp_path):
   from test_init_from import write_source
   from bert_jax.io import checkpointing, convert
+  from bert_jax.commands import convert as convert_cli
   from bert_jax.storage import fs
   src = write_source(str(tmp_path / "hf"), heads=True)
   for name in os.listdir(src):
     fs.upload(os.path.join(src, name), f"gs://bkt/hf-src/{name}")
-  assert convert.main(["from-hf", "gs://bkt/hf-src", str(tmp_path / "imported")]) == 0
-  assert convert.main(["from-hf", src, str(tmp_path / "imported_local")]) == 0
+  assert convert_cli.main(["from-hf", "gs://bkt/hf-src", str(tmp_path / "imported")]) == 0
+  assert convert_cli.main(["from-hf", src, str(tmp_path / "imported_local")]) == 0
   import jax
   import numpy as np
   a, _ = checkpointing.restore_params(str(tmp_path / "imported"))

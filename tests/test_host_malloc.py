@@ -89,13 +89,10 @@ _PROBE = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("call", [
-    "import bert_jax.commands as c; c.train()",
-    "import bert_jax.commands as c; c.features()",
-    "import bert_jax.commands as c; c.finetune()",
-    "import bert_jax.commands as c; c.probe()",
-    "runpy.run_module('bert_jax.probe', run_name='__main__')",
-    "runpy.run_module('bert_jax.finetune', run_name='__main__')",
-    "runpy.run_module('bert_jax.features', run_name='__main__')",
+    *[f"from bert_jax.commands import launch; launch.{c}()"
+      for c in ("train", "features", "convert", "finetune", "probe", "plan")],
+    *[f"runpy.run_module('bert_jax.{c}', run_name='__main__')"
+      for c in ("features", "convert", "finetune", "probe", "plan")],
     "sys.argv = ['train.py']; runpy.run_path({train!r}, run_name='__main__')",
 ])
 def test_every_command_reaches_the_exec_before_it_loads_jax(call, tmp_path):
@@ -110,5 +107,7 @@ def test_the_installed_commands_are_the_light_entry_points():
   import tomllib
   with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
     scripts = tomllib.load(f)["project"]["scripts"]
-  for name in ("bert-jax-train", "bert-jax-features", "bert-jax-finetune", "bert-jax-probe"):
-    assert scripts[name].startswith("bert_jax.commands:"), (name, scripts[name])
+  assert sorted(scripts) == sorted(f"bert-jax-{c}" for c in (
+      "train", "features", "convert", "finetune", "probe", "plan"))
+  for name, target in scripts.items():
+    assert target == f"bert_jax.commands.launch:{name.removeprefix('bert-jax-')}", target

@@ -38,8 +38,9 @@ import pytest
 
 from bert_jax import settings
 from bert_jax.data import dataset
-from bert_jax.features import cli as features_cli
+from bert_jax.commands import features as features_cli
 from bert_jax.io import checkpointing, convert
+from bert_jax.commands import convert as convert_cli
 from bert_jax.errors import BertJaxError
 from bert_jax.model.bert import abstract_params
 from bert_jax.data.tokenizer import SPECIAL_TOKENS
@@ -113,7 +114,7 @@ def world(tmp_path_factory) -> World:
   mngr.close()
   _text(os.path.join(w.run, "metrics.jsonl"), '{"split": "train", "step": 7, "loss": 9.0}\n')
   with contextlib.redirect_stdout(io.StringIO()):
-    assert convert.main(["to-hf", w.run, w.hf]) == 0
+    assert convert_cli.main(["to-hf", w.run, w.hf]) == 0
   return w
 
 
@@ -172,7 +173,7 @@ def _run(call: Call, w: World) -> Result:
                                 c.data.cache_dir, c.seed)
         rc = 0
       elif call.tool == "convert":
-        rc = convert.main(call.args)
+        rc = convert_cli.main(call.args)
       else:
         rc = features_cli.main(call.args)
     except BertJaxError as e:
@@ -274,7 +275,7 @@ def _imported(w: World, d) -> str:
   """A previous import in the case folder: what a failing --overwrite must keep."""
   out = str(d / "imported")
   with contextlib.redirect_stdout(io.StringIO()):
-    assert convert.main(["from-hf", w.hf, out]) == 0
+    assert convert_cli.main(["from-hf", w.hf, out]) == 0
   return out
 
 

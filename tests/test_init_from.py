@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers")
 from bert_jax import default_config
 from bert_jax.data import dataset, input_pipeline
 from bert_jax.io import checkpointing, convert
+from bert_jax.commands import convert as convert_cli
 from bert_jax import settings as settings_lib
 from bert_jax.train import init_from
 from bert_jax.errors import ConfigError  # noqa: E402
@@ -161,7 +162,7 @@ def test_step0_losses_equal_transformers_on_the_same_masked_batch(run, source, b
 def test_step0_checkpoint_exports_the_source_bit_for_bit(run, source, base):
   """"Zero training steps": the run's step-0 checkpoint is the imported source, untrained."""
   out = str(base / "export0")
-  assert convert.main(["to-hf", run, out, "--step", "0"]) == 0
+  assert convert_cli.main(["to-hf", run, out, "--step", "0"]) == 0
   ours, theirs = load_file(os.path.join(out, "model.safetensors")), load_file(
       os.path.join(source, "model.safetensors"))
   for name, x in theirs.items():
@@ -177,7 +178,7 @@ def test_run_logs_step0_trains_and_exports(run, base):
   assert evals[0] == 0 and evals[-1] == 8 and evals.count(0) == 1
   assert os.path.isfile(os.path.join(run, "training_curves.png"))
   out = str(base / "export8")
-  assert convert.main(["to-hf", run, out]) == 0
+  assert convert_cli.main(["to-hf", run, out]) == 0
   transformers.BertForPreTraining.from_pretrained(out)
 
 
@@ -194,7 +195,7 @@ def test_init_from_a_workdir_and_a_convert_checkpoint(run, source, base):
   train_and_evaluate(config(run, base / "prepared", steps=1), new)
   assert_identical(params_at(new, 0)[0], want)
   ckpt = str(base / "converted")
-  assert convert.main(["from-hf", source, ckpt]) == 0
+  assert convert_cli.main(["from-hf", source, ckpt]) == 0
   new2 = str(base / "from_convert")
   train_and_evaluate(config(os.path.join(ckpt, "checkpoints", "0"), base / "prepared", steps=1),
                      new2)

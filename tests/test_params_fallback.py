@@ -11,8 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.features import cli as features_cli
+from bert_jax.commands import features as features_cli
 from bert_jax.io import checkpointing, convert
+from bert_jax.commands import convert as convert_cli
 from bert_jax.errors import CheckpointError
 from tests.test_convert import hf_state, write_hf_dir
 
@@ -26,7 +27,7 @@ def workdir(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("fallback")
   hf_dir = write_hf_dir(tmp / "hf", hf_state())
   wd = str(tmp / "run")
-  assert convert.main(["from-hf", hf_dir, wd]) == 0
+  assert convert_cli.main(["from-hf", hf_dir, wd]) == 0
   params, meta = checkpointing.restore_params(wd)
   shutil.rmtree(os.path.join(wd, "checkpoints", "0"))
   for step in (GOOD, NEWEST):
@@ -148,7 +149,7 @@ def test_features_and_export_cli_fall_back_or_stop_in_one_line(workdir, tmp_path
   assert len(warnings) == 1 and f"checkpoints/{NEWEST} (JSONDecodeError" in warnings[0]
   assert np.load(out).shape[0] == 1
 
-  proc = cli("bert_jax.io.convert", "to-hf", wd, str(tmp_path / "hf_out"), "--step", str(NEWEST))
+  proc = cli("bert_jax.convert", "to-hf", wd, str(tmp_path / "hf_out"), "--step", str(NEWEST))
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and lines[0].startswith("error:") and f"checkpoints/{NEWEST}" in lines[0]
@@ -159,7 +160,7 @@ def test_in_process_clis_agree(workdir, tmp_path, capsys):
   wd = str(tmp_path / "run")
   shutil.copytree(workdir, wd)
   _no_params(os.path.join(wd, "checkpoints", str(NEWEST)))
-  assert convert.main(["to-hf", wd, str(tmp_path / "hf_out")]) == 0
+  assert convert_cli.main(["to-hf", wd, str(tmp_path / "hf_out")]) == 0
   cap = capsys.readouterr()
   assert f"(step {GOOD})" in cap.out
   assert [l for l in cap.err.splitlines() if l.startswith("warning:")][0].count(

@@ -26,6 +26,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from bert_jax.io import checkpointing, convert, hf_weights
+from bert_jax.commands import convert as convert_cli
 from bert_jax.model import losses
 from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import BertForPreTraining, BertModel
@@ -45,7 +46,7 @@ def minilm_dir():
 def minilm(tmp_path_factory):
   """(our config, params, tokenizer, HF BertModel), imported once with the CLI."""
   out = tmp_path_factory.mktemp("minilm")
-  assert convert.main(["from-hf", minilm_dir(), str(out / "ckpt")]) == 0
+  assert convert_cli.main(["from-hf", minilm_dir(), str(out / "ckpt")]) == 0
   params, meta = checkpointing.restore_params(str(out / "ckpt"))
   hf = transformers.BertModel.from_pretrained(minilm_dir()).eval()
   return (BertConfig.from_dict(meta["model_config"]), params,
@@ -151,7 +152,7 @@ def small(request, tmp_path_factory):
   hf.save_pretrained(str(d / "hf"), safe_serialization=True)
   vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(94)]
   (d / "hf" / "vocab.txt").write_text("".join(t + "\n" for t in vocab))
-  assert convert.main(["from-hf", str(d / "hf"), str(d / "ckpt")]) == 0
+  assert convert_cli.main(["from-hf", str(d / "hf"), str(d / "ckpt")]) == 0
   params, meta = checkpointing.restore_params(str(d / "ckpt"))
   assert meta["heads"] == {"encoder": "imported", "pooler": "imported", "mlm": "imported",
                            "nsp": "imported"}
@@ -236,7 +237,7 @@ def test_pretraining_loss_and_every_gradient_match_transformers(small):
 def test_export_loads_into_transformers_without_warnings_and_same_logits(small):
   config, params, hf, d = small
   out_dir = d / f"export_{os.getpid()}"
-  assert convert.main(["to-hf", str(d / "ckpt"), str(out_dir)]) == 0
+  assert convert_cli.main(["to-hf", str(d / "ckpt"), str(out_dir)]) == 0
   model, info = transformers.BertForPreTraining.from_pretrained(
       str(out_dir), output_loading_info=True)
   assert info == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [],

@@ -70,12 +70,12 @@ SKIP = {
     "gcloud compute tpus tpu-vm ssh ": "a TPU pod launch over ssh",
     "for i in 0 1; do": "a two-process launch; tests/test_distributed.py runs it with its "
                         "TINY flags",
-    "python -m bert_jax.io.convert from-tf ": "needs TensorFlow and a downloaded "
+    "python -m bert_jax.convert from-tf ": "needs TensorFlow and a downloaded "
                                            "google-research/bert checkpoint",
     "python -m bert_jax.finetune --checkpoint runs/base --task glue_data/": (
         "GLUE's files come from the user (nothing downloads); tests/test_finetune.py runs "
         "fine-tuning on tasks it writes in GLUE's layouts"),
-    "python -m bert_jax.io.convert to-hf runs/mrpc-model ": "exports the model of the "
+    "python -m bert_jax.convert to-hf runs/mrpc-model ": "exports the model of the "
                                                            "skipped GLUE command above",
 }
 

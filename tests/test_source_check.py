@@ -19,6 +19,7 @@ from safetensors.numpy import load_file, save_file
 from bert_jax import default_config
 from bert_jax.io import source_check
 from bert_jax.io import checkpointing, convert
+from bert_jax.commands import convert as convert_cli
 from bert_jax.train import init_from
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.io.hf_weights import hf_config_from_bert, tensor_spec
@@ -240,7 +241,7 @@ def test_a_legacy_pickle_torch_bin_is_left_to_the_loader(good, tmp_path):
 
 def test_a_bert_jax_source_whose_params_do_not_match_its_meta_is_refused(good, tmp_path):
   ckpt = str(tmp_path / "converted")
-  assert convert.main(["from-hf", good, ckpt]) == 0
+  assert convert_cli.main(["from-hf", good, ckpt]) == 0
   params, meta = checkpointing.restore_params(ckpt)
   meta = {**meta, "model_config": {**meta["model_config"], "intermediate_size": 48}}
   bad = str(tmp_path / "bad")

@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from bert_jax.data import vocab_extension
 from bert_jax.io import checkpointing, convert
+from bert_jax.commands import convert as convert_cli
 from bert_jax.data.tokenizer import Tokenizer  # noqa: E402
 from bert_jax.trainer import train_and_evaluate  # noqa: E402
 from test_init_from import TOY, config, toy_texts, write_source  # noqa: E402
@@ -72,7 +73,7 @@ def extended_run(tmp_path_factory):
   train_and_evaluate(config(src, base / "prepared", steps=1, corpus=str(text),
                             **{"data.extend_vocab": 3}), workdir)
   out = str(base / "hf")
-  assert convert.main(["to-hf", workdir, out, "--step", "0"]) == 0
+  assert convert_cli.main(["to-hf", workdir, out, "--step", "0"]) == 0
   return base, src, workdir, out
 
 

@@ -29,9 +29,9 @@ the last epoch's count (picking an epoch on dev would be tuning on dev).
   tuner = finetune.FineTuner.from_checkpoint("runs/base", task, finetune.Recipe())
   results = tuner.sweep(output_dir="finetune/sst2")   # results.json, TensorBoard events
   print(finetune_report.format_table(results))
-  tuner.save(results, "sst2-model")    # the best run: python -m bert_jax.io.convert to-hf ...
+  tuner.save(results, "sst2-model")    # the best run: python -m bert_jax.convert to-hf ...
 
-The command line is `python -m bert_jax.finetune` (bert_jax/finetune.py).
+The command line is `python -m bert_jax.finetune` (bert_jax/commands/finetune.py).
 
 Shape legend: N examples, B batch, L padded length (a bucket), D hidden
 size, C classes (1 for regression).
@@ -52,7 +52,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from bert_jax import cli as common, console
+from bert_jax import console
 from bert_jax.parallel import sharding
 from bert_jax.features import extract as features, restore
 from bert_jax.io import checkpointing
@@ -390,7 +390,7 @@ class FineTuner:
       bar.close()
     results = self._results(runs, time.perf_counter() - started)
     if writes:
-      common.write_json(fs.join(output_dir, RESULTS_FILE), results)
+      fs.write_json(fs.join(output_dir, RESULTS_FILE), results)
     return results
 
   def _results(self, runs: list[RunResult], seconds: float) -> dict:
@@ -436,7 +436,7 @@ class FineTuner:
   def save(self, results: dict, directory: str, overwrite: bool = False) -> str:
     """Writes the best run as a params-only bert-jax checkpoint in `directory`
     (atomically; on several processes, process 0 alone writes it, as it writes
-    results.json); `python -m bert_jax.io.convert to-hf` exports it as
+    results.json); `python -m bert_jax.convert to-hf` exports it as
     BertForSequenceClassification. Returns the step folder."""
     from bert_jax.io import convert
     if self.best_params is None:

@@ -1,9 +1,5 @@
-"""`python -m bert_jax.features`: the feature-extraction command line (bert_jax.features.cli)."""
+"""`python -m bert_jax.features`: the command's name; its code is bert_jax.commands.features."""
 
-from bert_jax.parallel import host_malloc
+from bert_jax.commands import launch
 
-host_malloc.reexec_with_huge_pages()  # before the JAX imports: it may run this command again
-
-from bert_jax.features import cli  # noqa: E402
-
-cli.cli()
+launch.features()

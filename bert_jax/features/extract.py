@@ -19,7 +19,7 @@ Poolings: "cls" the [CLS] vector, "mean" the average over real tokens
 (last layer only), "none" every real token.
 
 The command line (`python -m bert_jax.features --help`, reading the input file and
-writing .npy/.npz outputs) is bert_jax.features.cli, run by bert_jax/features/__main__.py.
+writing .npy/.npz outputs) is bert_jax.commands.features, run by `python -m bert_jax.features`.
 
 This module never imports the optimizer or the trainer.
 

@@ -5,7 +5,7 @@ PATH is one of
     index / pytorch_model.bin, vocab.txt),
   - a google-research/bert TensorFlow checkpoint directory (bert_config.json,
     vocab.txt, bert_model.ckpt.*; needs TensorFlow),
-  - a checkpoint written by `python -m bert_jax.io.convert from-hf/from-tf`,
+  - a checkpoint written by `python -m bert_jax.convert from-hf/from-tf`,
   - a bert-jax workdir, its checkpoints/ folder or one step folder
     (PATH/checkpoints/<step>); the newest step unless one is named.
 

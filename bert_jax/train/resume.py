@@ -269,7 +269,7 @@ class RunCheckpoints:
             f"older checkpoints are intact (steps {older})" if older else
             "there is no older checkpoint; rerun the same command once it can be written"))
     # Orbax/TensorStore threads of the failed write may still print (tracebacks of
-    # their closed event loops) and keep the interpreter from exiting: train_cli
+    # their closed event loops) and keep the interpreter from exiting: commands/train
     # ends the process at once after this error's line.
     err.background_failure = True
     return err

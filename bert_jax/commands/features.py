@@ -28,9 +28,8 @@ from typing import Optional
 import jax
 import numpy as np
 
-from bert_jax import cli as common
+from bert_jax.commands import common
 from bert_jax.storage import fs
-from bert_jax.parallel import host_malloc
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.features.extract import DTYPES, POOLINGS, Extractor, Features
 from bert_jax.data.tokenizer import CLS, SEP
@@ -89,7 +88,7 @@ def write_features(path: str, features: Features) -> None:
   if ext == ".npy":
     if features.pooled_NxYxD is None:
       raise ConfigError(f"output '{path}': per-token features need a .npz file")
-    common.write_atomic(path, lambda f: np.save(f, features.pooled_NxYxD))
+    fs.write_with(path, lambda f: np.save(f, features.pooled_NxYxD))
   elif ext == ".npz":
     if features.hidden_TxYxD is None:
       raise ConfigError(f"output '{path}': pooled features need a .npy file")
@@ -102,7 +101,7 @@ def write_features(path: str, features: Features) -> None:
         "token_ids": np.concatenate(features.token_ids).astype(np.int32),
         "segment_ids": np.concatenate(features.segment_ids).astype(np.int32),
         "layers": np.asarray(features.layers, np.int32)}
-    common.write_atomic(path, lambda f: np.savez(f, **arrays))
+    fs.write_with(path, lambda f: np.savez(f, **arrays))
   else:
     raise ConfigError(f"output '{path}': expected a .npy (pooled) or .npz (per-token) file")
 
@@ -206,7 +205,6 @@ def _main(argv: list[str]) -> None:
 
 def cli() -> None:
   """The console entry point (`bert-jax-features`)."""
-  host_malloc.reexec_with_huge_pages()
   sys.exit(main())
 
 

@@ -22,12 +22,13 @@ from typing import NoReturn
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import cli as common
-from bert_jax.parallel import host_malloc, startup
+from bert_jax.commands import common
+from bert_jax.parallel import startup
 from bert_jax.errors import BertJaxError, Preempted, Terminated
 from bert_jax.trainer import train_and_evaluate
 from bert_jax.storage import fs
 
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # bert_jax/
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
           tuple: "a tuple such as '(128,512)'", list: "a tuple such as '(128,512)'"}
 
@@ -64,9 +65,8 @@ CONFIG_NAMES = ("tiny", "base", "large", "default")
 
 def configs_dir() -> str:
   """The shipped configs: the repo's configs/ in a checkout, bert_jax/configs installed."""
-  package = os.path.dirname(os.path.abspath(__file__))
-  repo = os.path.join(os.path.dirname(package), "configs")
-  return repo if os.path.isfile(os.path.join(repo, "tiny.py")) else os.path.join(package,
+  repo = os.path.join(os.path.dirname(PACKAGE_DIR), "configs")
+  return repo if os.path.isfile(os.path.join(repo, "tiny.py")) else os.path.join(PACKAGE_DIR,
                                                                                  "configs")
 
 
@@ -186,7 +186,7 @@ HELP_ARGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
 
 def config_meanings() -> dict[str, str]:
   """`data.corpus` -> its one-line meaning: the comment on (or above) its line in default_config.py."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_config.py")
+  path = os.path.join(PACKAGE_DIR, "default_config.py")
   meanings, above, section = {}, [], ""
   with fs.open(path, encoding="utf-8") as f:
     for line in f:
@@ -244,7 +244,6 @@ def run(default_config: str, default_workdir: str) -> None:
   app.run(_main, flags_parser=parse_flags)
 
 
-def main() -> None:
+def cli() -> None:
   """`bert-jax-train`: the package's default config unless --config is given."""
-  host_malloc.reexec_with_huge_pages()
-  run(os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_config.py"), "runs/bert")
+  run(os.path.join(PACKAGE_DIR, "default_config.py"), "runs/bert")

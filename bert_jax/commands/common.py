@@ -1,14 +1,13 @@
 """What every bert-jax command shares: flags that fail in one line, one error wording.
 
-`train.py` reads its config with absl + ml_collections (`--config.FIELD=VALUE`,
-bert_jax.train_cli); the other commands (features, convert, probe, finetune,
-plan) take plain flags through `Parser`. Both end the same way on bad input:
+train and plan read a config with absl + ml_collections (`--config.FIELD=VALUE`,
+bert_jax.commands.train); the other commands (features, convert, probe, finetune)
+take plain flags through `Parser`. Both end the same way on bad input:
 one `error: ...` line on stderr and exit status 2, nothing written; Ctrl-C is
 `interrupted` and 130.
 """
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -149,21 +148,3 @@ def check_writable_dir(flag: str, directory: str) -> None:
         (os.remove if path == probe else os.rmdir)(path)
       except OSError:
         pass
-
-
-def write_json(path: str, obj, indent: int = 2) -> None:
-  """`obj` as JSON (NaN allowed), written atomically (write_atomic)."""
-  text = json.dumps(obj, indent=indent, allow_nan=True) + "\n"
-  write_atomic(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def write_atomic(path: str, write: Callable) -> None:
-  """`write(f)` (a binary file) to `path`, a local file or a gs:// object, atomically: a
-  failure never leaves a partial file (bert_jax.storage.fs)."""
-  if fs.is_gcs(path):
-    import io  # pylint: disable=import-outside-toplevel
-    buf = io.BytesIO()
-    write(buf)
-    fs.write_bytes(path, buf.getvalue())
-  else:
-    fs.write_atomic_local(path, write)

@@ -1,0 +1,134 @@
+"""Bucket failures: which are worth retrying, and the one line for the rest.
+
+A request to a bucket that fails transiently (the server not answering, a timeout,
+HTTP 429 or 5xx) is retried RETRIES rounds with backoff; a bucket that is missing or
+forbidden is not retried. What remains is one `StorageError` naming the path and what
+to do. Local paths are never retried here: their OSErrors reach the caller as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from bert_jax.errors import BertJaxError
+
+GCS = "gs://"
+# Rounds after the first. Each round is itself retried by the client library: gcsfs
+# tries 6 times with exponential backoff (about 30 s against a server that refuses),
+# google-cloud-storage (the lock) for up to 10 s, TensorStore (checkpoint arrays) by
+# its own policy.
+RETRIES = int(os.environ.get("BERT_JAX_GCS_RETRIES", 1))
+BACKOFF_S = float(os.environ.get("BERT_JAX_GCS_BACKOFF_S", 2.0))  # doubled per round
+T = TypeVar("T")
+
+
+class StorageError(BertJaxError):
+  """A path that cannot be read or written: a bucket that is missing or forbidden, a
+  server that stopped answering (after retries), a full or read-only disk."""
+
+
+def is_gcs(path: Any) -> bool:
+  return str(path).startswith(GCS)
+
+
+_TRANSIENT = re.compile(r"Cannot connect|Connection refused|Connection reset|Server disconnected|"
+                        r"timed out|Timeout|ServerDisconnected|\b(429|500|502|503|504)\b|"
+                        r"temporarily unavailable|Too Many Requests|Service Unavailable")
+_MISSING_BUCKET = re.compile(r"bucket.*(does not exist|not found)|NoSuchBucket|"
+                             r"The specified bucket does not exist", re.I)
+_FORBIDDEN = re.compile(r"\b(401|403)\b|Forbidden|Permission|Unauthorized|AccessDenied|"
+                        r"does not have storage\.", re.I)
+
+
+def _chain(e: BaseException) -> str:
+  out, seen = [], e
+  for _ in range(6):
+    if seen is None:
+      break
+    out.append(f"{type(seen).__name__}: {seen}")
+    seen = seen.__cause__ or seen.__context__
+  return " <- ".join(out)
+
+
+def is_transient(e: BaseException) -> bool:
+  """A failure that may pass: the server not answering, a timeout, throttling, a 5xx."""
+  if isinstance(e, (ConnectionError, TimeoutError, socket.timeout)):
+    return True
+  return bool(_TRANSIENT.search(_chain(e)))
+
+
+def storage_error(path: str, e: BaseException, doing: str) -> StorageError:
+  """One line for a failed `doing` of `path`: what it means and what to do."""
+  text = _chain(e)
+  bucket = path[len(GCS):].split("/", 1)[0] if is_gcs(path) else ""
+  if is_gcs(path) and _MISSING_BUCKET.search(text):
+    why = f"bucket gs://{bucket} does not exist; expected an existing bucket"
+  elif is_gcs(path) and _FORBIDDEN.search(text):
+    why = (f"no permission on gs://{bucket} for these credentials; expected read and write "
+           "access (roles/storage.objectAdmin) for the credentials in the environment")
+  elif is_gcs(path) and is_transient(e):
+    why = (f"the storage server did not answer in {RETRIES + 1} round(s) of retries with "
+           f"backoff ({_short(e)}); expected a reachable bucket: rerun the same command "
+           "once it is")
+  else:
+    why = f"{_short(e)}"
+  return StorageError(f"cannot {doing} {path}: {why}")
+
+
+def _short(e: BaseException) -> str:
+  text = " ".join(str(e).split()) or type(e).__name__
+  if isinstance(e, OSError) and e.strerror:
+    text = e.strerror
+  return text if len(text) <= 160 else text[:157] + "..."
+
+
+def retrying(path: str, doing: str, fn: Callable[[], T], passthrough: tuple = ()) -> T:
+  """`fn()` with up to RETRIES retries (backoff from BACKOFF_S, doubling) when it fails
+  transiently on a bucket; a failure that remains is one StorageError naming `path`.
+  Local paths are not retried, and their OSErrors go to the caller as they are, as do
+  the `passthrough` exceptions."""
+  if not is_gcs(path):
+    return fn()
+  delay = BACKOFF_S
+  for attempt in range(RETRIES + 1):
+    try:
+      return fn()
+    except FileNotFoundError as e:
+      # An upload or a listing is "not found" only when the bucket is.
+      if doing in ("write", "list") or _MISSING_BUCKET.search(_chain(e)):
+        check_bucket(path)
+      raise
+    except BertJaxError:
+      raise
+    except passthrough:  # answers the caller acts on (a precondition that failed)
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      if attempt < RETRIES and is_transient(e):
+        time.sleep(delay)
+        delay *= 2
+        continue
+      raise storage_error(path, e, doing) from None
+  raise AssertionError("unreachable")
+
+
+def check_bucket(path: str) -> None:
+  """One request: a StorageError line if the bucket of `path` is missing or forbidden,
+  or its server does not answer (after retries). A local path: nothing."""
+  if not is_gcs(path):
+    return
+  bucket = path[len(GCS):].split("/", 1)[0]
+
+  def lookup():
+    from google.cloud import storage  # pylint: disable=import-outside-toplevel
+    from google.api_core import retry as api_retry  # pylint: disable=import-outside-toplevel
+    return storage.Client().lookup_bucket(bucket, retry=api_retry.Retry(timeout=10),
+                                          timeout=10)
+  found = retrying(path, "reach", lookup)
+  if found is None:
+    raise StorageError(f"cannot use {path}: bucket gs://{bucket} does not exist; expected an "
+                       "existing bucket (create it, or check the name)")
