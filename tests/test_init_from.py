@@ -29,7 +29,7 @@ from bert_jax.train import init_from
 from bert_jax.errors import ConfigError  # noqa: E402
 from bert_jax.data.tokenizer import Tokenizer  # noqa: E402
 from bert_jax.trainer import make_steps, train_and_evaluate  # noqa: E402
-from tools import soak_kill  # noqa: E402
+import soak_kill  # noqa: E402
 
 pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
 

@@ -19,7 +19,7 @@ import pytest
 
 from bert_jax.data import corpus, corpus_parts, dataset, part_pool
 from bert_jax.settings import DataSettings
-from tools import soak_kill
+import soak_kill
 from tools.bench_prepare import make_synthetic_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -23,7 +23,7 @@ from bert_jax.errors import CheckpointError
 from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 from bert_jax.trainer import make_steps
-from tools import soak_kill
+import soak_kill
 
 WORDS = "the cat dog sat on a mat and ran to house tree bird sang".split()
 VOCAB = list(SPECIAL_TOKENS) + WORDS + ["##s", "."]

@@ -26,7 +26,7 @@ import sys
 import pytest
 
 from bert_jax.trainer import train_and_evaluate
-from tools import soak_kill
+import soak_kill
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from bert_jax.io.hf_weights import hf_config_from_bert, tensor_spec
 from bert_jax.model.config import BertConfig
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.trainer import train_and_evaluate
-from tools import soak_kill
+import soak_kill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "data", "corpus.txt")

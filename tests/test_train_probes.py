@@ -19,7 +19,7 @@ import pytest
 from bert_jax.errors import TaskError
 from bert_jax.io import checkpointing
 from bert_jax.trainer import train_and_evaluate
-from tools import soak_kill
+import soak_kill
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bert_jax.eval.task import Task
+from bert_jax.eval.task_types import Task
 
 
 def _pair(y_true, y_pred) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ import numpy as np
 
 from bert_jax.errors import ConfigError, TaskError
 from bert_jax.eval import logreg, metrics, tasks
-from bert_jax.eval.task import REGRESSION, Example, Task
+from bert_jax.eval.task_types import REGRESSION, Example, Task
 from bert_jax.features.extract import Extractor
 
 

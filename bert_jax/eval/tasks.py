@@ -60,7 +60,7 @@ from typing import Optional
 from bert_jax.errors import TaskError
 from bert_jax.storage import fs
 # The types are re-exported: callers write tasks.load_task, tasks.Task, tasks.inputs.
-from bert_jax.eval.task import (BINARY, BUILTIN_TASKS, CLASSIFICATION, COLA_COLUMNS, GLUE,
+from bert_jax.eval.task_types import (BINARY, BUILTIN_TASKS, CLASSIFICATION, COLA_COLUMNS, GLUE,
                                 GLUE_DISPLAY, GLUE_TASKS, LAST, REGRESSION, TFDS_PREFIX, Example,
                                 Glue, Task, glue_name, inputs, metric_names)
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from bert_jax.errors import TaskError
-from bert_jax.eval.task import (GLUE, CLASSIFICATION, GLUE_TASKS, REGRESSION, TFDS_PREFIX,
+from bert_jax.eval.task_types import (GLUE, CLASSIFICATION, GLUE_TASKS, REGRESSION, TFDS_PREFIX,
                                  Example, Task, metric_names)
 
 _TFDS_SPLITS = {"train": "train", "validation": "dev", "validation_matched": "dev_matched",

@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.eval import probe, tasks
-from bert_jax.eval.task import Task
+from bert_jax.eval.task_types import Task
 from bert_jax.features.extract import Extractor
 from bert_jax.model.config import BertConfig
 from bert_jax.settings import ProbeSettings

@@ -33,7 +33,7 @@ import random
 from collections.abc import Sequence
 
 from bert_jax.errors import TaskError
-from bert_jax.eval.task import CLASSIFICATION, Example, Task, metric_names
+from bert_jax.eval.task_types import CLASSIFICATION, Example, Task, metric_names
 from bert_jax.storage import fs
 
 NAME = "word_order"

@@ -1,7 +1,7 @@
 """Soak test: SIGKILL training at random moments, resume, compare bit for bit.
 
-  python tools/soak_kill.py                 # 20 trials of 3 kills each, 2 phases, ~10-20 min
-  python tools/soak_kill.py --trials 5 --kills 2 --phases 3 --seed 7
+  python tests/soak_kill.py                 # 20 trials of 3 kills each, 2 phases, ~10-20 min
+  python tests/soak_kill.py --trials 5 --kills 2 --phases 3 --seed 7
 
 Each trial trains a tiny BERT on the toy corpus in a fresh workdir with
 `train.py`, kills it with SIGKILL at a random moment `--kills` times, reruns it
