@@ -126,8 +126,16 @@ def _train() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.batch_size = 256  # global, across all devices and hosts
   c.num_steps = 1_000_000  # optimizer steps over all phases
-  c.learning_rate = 1e-4  # peak, after warm-up; then linear decay to 0 at num_steps
+  c.learning_rate = 1e-4  # peak, after warm-up; then the schedule's decay
   c.warmup_steps = 10_000  # linear warm-up from 0 over this many steps
+  # After the warm-up: 'linear' (the reference: lr*(1 - step/num_steps)), 'cosine' (to
+  # min_lr_ratio*lr at num_steps), 'wsd' (the peak until the last decay_fraction of the
+  # steps, then decay_shape down to min_lr_ratio*lr; raise num_steps on resume to extend
+  # it), 'inverse_sqrt' (lr*sqrt(warmup_steps/step)). docs/training.md#recipe-options.
+  c.schedule = "linear"  # linear | cosine | wsd | inverse_sqrt
+  c.decay_fraction = 0.1  # wsd: the final share of num_steps that decays
+  c.decay_shape = "linear"  # wsd: linear | cosine | sqrt (1 - sqrt(t), MiniCPM's)
+  c.min_lr_ratio = 0.0  # cosine and wsd end at this share of the peak
   c.b1 = 0.9  # Adam beta1
   c.b2 = 0.999  # Adam beta2
   c.eps = 1e-6  # Adam epsilon

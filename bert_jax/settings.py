@@ -24,6 +24,8 @@ from bert_jax.model.config import BertConfig
 
 MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] plus room to mask something
 OPTIMIZERS = ("adamw", "lamb")  # `config.train.optimizer`; optim.make_optimizer builds them
+SCHEDULES = ("linear", "cosine", "wsd", "inverse_sqrt")  # `config.train.schedule` (train/schedules)
+DECAY_SHAPES = ("linear", "cosine", "sqrt")  # `config.train.decay_shape`, of a wsd schedule
 
 
 def _fail(field: str, value: Any, expected: str) -> ConfigError:
@@ -120,6 +122,10 @@ class OptimizerSettings:
   weight_decay: float = 0.01
   max_grad_norm: float = 1.0
   optimizer: str = "adamw"  # or "lamb"
+  schedule: str = "linear"  # SCHEDULES
+  decay_fraction: float = 0.1  # wsd: the final share of num_steps that decays
+  decay_shape: str = "linear"  # wsd: DECAY_SHAPES
+  min_lr_ratio: float = 0.0  # cosine, wsd: where the decay ends, as a share of the peak
 
   def __post_init__(self):
     if self.optimizer not in OPTIMIZERS:
@@ -127,6 +133,7 @@ class OptimizerSettings:
     _positive_int("train.num_steps", self.num_steps)
     if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
       raise _fail("train.warmup_steps", self.warmup_steps, "an integer >= 0")
+    self._check_schedule()
     # NaN compares false everywhere, so every check is written to fail on it.
     if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
       raise _fail("train.learning_rate", self.learning_rate, "a finite number > 0")
@@ -140,6 +147,26 @@ class OptimizerSettings:
     if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0):
       raise _fail("train.max_grad_norm", self.max_grad_norm,
                   "a finite number >= 0 (0 = no clipping)")
+
+
+  def _check_schedule(self) -> None:
+    if self.schedule not in SCHEDULES:
+      raise _fail("train.schedule", self.schedule, f"one of {', '.join(map(repr, SCHEDULES))}")
+    if self.decay_shape not in DECAY_SHAPES:
+      raise _fail("train.decay_shape", self.decay_shape,
+                  f"one of {', '.join(map(repr, DECAY_SHAPES))}")
+    if not (isinstance(self.decay_fraction, (int, float)) and 0.0 < self.decay_fraction <= 1.0):
+      raise _fail("train.decay_fraction", self.decay_fraction, "0 < fraction <= 1")
+    if not (isinstance(self.min_lr_ratio, (int, float)) and 0.0 <= self.min_lr_ratio < 1.0):
+      raise _fail("train.min_lr_ratio", self.min_lr_ratio, "0 <= ratio < 1 (of the peak)")
+    if self.schedule == "inverse_sqrt" and self.warmup_steps <= 0:
+      raise _fail("train.warmup_steps", self.warmup_steps, "> 0 with schedule='inverse_sqrt' "
+                  "(its decay is measured from the warm-up's end)")
+    decay_start = self.num_steps - int(round(self.decay_fraction * self.num_steps))
+    if self.schedule == "wsd" and decay_start < self.warmup_steps:
+      raise _fail("train.decay_fraction", self.decay_fraction,
+                  f"a share whose decay starts after the warm-up ({self.warmup_steps} steps) "
+                  f"within num_steps={self.num_steps}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Optax optimizer: AdamW or LAMB, the BERT schedule, clipping.
+"""Optax optimizer: AdamW or LAMB, the learning-rate schedule (train/schedules), clipping.
 
 Steps with a non-finite loss or gradient are skipped (`skip_nonfinite`).
 
@@ -14,24 +14,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax.train import schedules
+
 if TYPE_CHECKING:  # settings imports the model; the optimizer does not need it
   from bert_jax.settings import OptimizerSettings
 
 
 def bert_schedule(learning_rate: float, warmup_steps: int, num_steps: int) -> optax.Schedule:
-  """The reference schedule: linear warmup, then linear decay to 0 at `num_steps`.
-
-  As in google-research/bert, the decay is measured from step 0 and warmup
-  overrides it: lr(s) = lr*s/warmup for s < warmup, else lr*(1 - s/num_steps).
-  """
-  def schedule(step):
-    step = jnp.asarray(step, jnp.float32)
-    decay = learning_rate * jnp.maximum(0.0, 1.0 - step / num_steps)
-    if warmup_steps <= 0:
-      return decay
-    warm = learning_rate * step / warmup_steps
-    return jnp.where(step < warmup_steps, warm, decay)
-  return schedule
+  """The reference schedule (train/schedules.linear): linear warm-up, then linear decay
+  to 0 at `num_steps`, measured from step 0."""
+  return schedules.linear(learning_rate, warmup_steps, num_steps)
 
 
 def decay_mask(params: Any) -> Any:
@@ -89,7 +81,7 @@ def make_optimizer(train: OptimizerSettings) -> tuple[optax.GradientTransformati
   (which applies it to every parameter, decayed or not). Their states differ
   in structure, so a checkpoint resumes only with the optimizer that wrote it.
   """
-  schedule = bert_schedule(train.learning_rate, train.warmup_steps, train.num_steps)
+  schedule = schedules.make(train)  # config.train.schedule
   # max_grad_norm 0 means no clipping, as in HF Trainer and torch scripts.
   clip = (optax.clip_by_global_norm(train.max_grad_norm) if train.max_grad_norm > 0
           else optax.identity())
