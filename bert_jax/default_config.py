@@ -149,6 +149,14 @@ def _train() -> ml_collections.ConfigDict:
   # A step whose loss or gradient is NaN/inf is skipped (changes nothing);
   # this many in a row stop the run with an error.
   c.max_consecutive_nonfinite = 10
+  # A finite loss spike: when the loss exceeds factor x its running mean (over `window`
+  # steps) for `patience` steps in a row, restore the newest checkpoint before the spike
+  # and skip the batches since it; after `max_rollbacks` the run stops. 0 = off.
+  c.spike_rollback = ml_collections.ConfigDict()
+  c.spike_rollback.factor = 0.0  # e.g. 3.0; 0 = off
+  c.spike_rollback.patience = 3  # spiking steps in a row that trigger a rollback
+  c.spike_rollback.window = 100  # steps of the running mean (none judged before it fills)
+  c.spike_rollback.max_rollbacks = 3  # then stop with one line
   # Two-phase sequence length: fraction of steps, max length, max predictions.
   c.phase_fractions = (0.9, 0.1)  # fraction of num_steps in each phase
   c.seq_lens = (128, 512)  # sequence length of each phase

@@ -180,12 +180,28 @@ class Phase:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpikeSettings:
+  """`config.train.spike_rollback`: roll back when the loss spikes (train/spikes)."""
+  factor: float = 0.0  # 0: off
+  patience: int = 3
+  window: int = 100
+  max_rollbacks: int = 3
+
+  def __post_init__(self):
+    if not (isinstance(self.factor, (int, float)) and (self.factor == 0 or self.factor > 1)):
+      raise _fail("train.spike_rollback.factor", self.factor, "0 (off) or a number > 1")
+    for name in ("patience", "window", "max_rollbacks"):
+      _positive_int(f"train.spike_rollback.{name}", getattr(self, name))
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainSettings:
   """The rest of `config.train`: batch, accumulation, phases, the NaN/inf limit."""
   batch_size: int
   grad_accum_steps: int
   max_consecutive_nonfinite: int
   phases: tuple[Phase, ...]
+  spike: SpikeSettings = SpikeSettings()
 
   @property
   def num_steps(self) -> int:
@@ -402,7 +418,8 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
       batch_size=t.batch_size, grad_accum_steps=t.grad_accum_steps,
       max_consecutive_nonfinite=t.max_consecutive_nonfinite,
       phases=phases(t.phase_fractions, t.seq_lens, t.max_predictions, t.num_steps,
-                    max_positions))
+                    max_positions),
+      spike=SpikeSettings(**t.get("spike_rollback", ml_collections.ConfigDict()).to_dict()))
   run = RunSettings(**_fields(RunSettings, c))
   probe = ProbeSettings(**{k: tuple(v) if isinstance(v, list) else v
                            for k, v in c.get("probe", ml_collections.ConfigDict()).items()})

@@ -29,6 +29,7 @@ from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.data.dataset import Prepared
 from bert_jax.errors import NonFiniteError, Preempted
 from bert_jax.train.preemption import StopSignals
+from bert_jax.train import spikes
 from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.settings import Phase, Settings
@@ -55,6 +56,11 @@ class TrainLoop:
     self._evals: list[tuple[float, float]] = []  # (eval loss, latest train loss)
     self._last_train_loss = float("nan")
     self._warned_overfit = False
+    sp = settings.train.spike  # config.train.spike_rollback
+    self.spikes = spikes.SpikeDetector(sp.factor, sp.patience, sp.window)
+    self.spikes.load(state.spike)
+    self._pending: list = []  # the metrics of the steps since the last log point
+    self._observed = 0  # how many of them the spike detector has seen
 
   def summary(self) -> Optional[str]:
     """The end-of-run line: average rates of this session's timed steps, compile times."""
@@ -111,8 +117,8 @@ class TrainLoop:
     signum = self.signals.agreed(self.state.step, sync)
     if signum is None:
       return
-    if phase is not None and self.ckpts.saving != self.state.step:
-      self.ckpts.save(self.state, phase, position)
+    if phase is not None and self.ckpts.saving != self.state.step and self._spike() is None:
+      self._save(phase, position)  # not the state of a spike: its resume finds it again
     self.ckpts.finish_save()
     name = signal.Signals(signum).name
     raise Preempted(f"stopped by {name} at step {self.state.step}; checkpoint "
@@ -137,21 +143,11 @@ class TrainLoop:
       console.log(line)
 
   def _train_phase(self, phase: Phase, bar: tqdm) -> None:
-    st = self.state
-    # A run restored inside this phase continues at the data position it saved; one
-    # restored exactly at the phase's start (a checkpoint at the previous phase's last
-    # step holds that phase's position) starts at batch 0.
-    it = input_pipeline.TrainIterator(
-        self.prepared.train[phase.seq_len], self.s.train.batch_size,
-        seed=self.s.run.seed + phase.index, process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        start_batch=st.position if st.step > phase.start else 0,
-        per_host=self.prepared.local is not None and not self.prepared.local.streams,
-        streams=self.s.data.streams)
+    st, it = self.state, self._iterator(phase)
     step_fn = self.steps.train_step_fn(phase.max_predictions)
     console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
                 f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
-    pending, in_flight = [], collections.deque()
+    self._pending, self._observed, in_flight = [], 0, collections.deque()
     interval, first = Interval(st.step), True
     with it:
       while st.step < phase.end:
@@ -162,7 +158,7 @@ class TrainLoop:
         st.params, st.opt_state, metrics = step_fn(
             st.params, st.opt_state, jnp.int32(st.step), batch)
         st.step += 1
-        pending.append(metrics)
+        self._pending.append(metrics)
         workdir_lock.check_held()  # a bucket lease another run took over: write nothing more
         if first:  # compiles: timed on its own, left out of the rates
           jax.block_until_ready(metrics)
@@ -175,13 +171,18 @@ class TrainLoop:
           if len(in_flight) > _MAX_IN_FLIGHT:
             jax.block_until_ready(in_flight.popleft())
           bar.update(1)
-        if st.step % self.s.run.log_every == 0 or st.step == phase.end:
+        logs = st.step % self.s.run.log_every == 0 or st.step == phase.end
+        saves = st.step % self.s.run.checkpoint_every == 0 or st.step == self.s.train.num_steps
+        if logs or saves:
           jax.block_until_ready(metrics)  # the clock is read when the steps are done
           in_flight.clear()
-          self._log_train(phase, bar, pending, interval)
-          pending = []
-        if st.step % self.s.run.checkpoint_every == 0 or st.step == self.s.train.num_steps:
-          self.ckpts.save(st, phase, it.position)
+          if self._rolled_back(phase, interval, bar):  # before a row or checkpoint of it
+            continue  # the data goes on where it is: the spike's batches are skipped
+        if logs:
+          self._log_train(phase, bar, self._pending, interval)
+          self._pending, self._observed = [], 0
+        if saves:
+          self._save(phase, it.position)
         self.stop_if_requested(phase=phase, position=it.position)
         if st.step % self.s.run.eval_every == 0 and st.step < self.s.train.num_steps:
           jax.block_until_ready(metrics)  # training time so far; the eval is timed apart
@@ -190,6 +191,45 @@ class TrainLoop:
           self._eval_point(phase)
           interval.resume()
           bar.unpause()  # nor does an evaluation or a probe count as time per step
+
+  def _iterator(self, phase: Phase) -> input_pipeline.TrainIterator:
+    # A run restored inside this phase continues at the data position it saved; one
+    # restored exactly at the phase's start (a checkpoint at the previous phase's last
+    # step holds that phase's position) starts at batch 0.
+    st = self.state
+    return input_pipeline.TrainIterator(
+        self.prepared.train[phase.seq_len], self.s.train.batch_size,
+        seed=self.s.run.seed + phase.index, process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        start_batch=st.position if st.step > phase.start else 0,
+        per_host=self.prepared.local is not None and not self.prepared.local.streams,
+        streams=self.s.data.streams)
+
+  def _spike(self) -> Optional[spikes.Spike]:
+    """Feeds the detector the losses of the steps it has not seen; a completed spike."""
+    new = self._pending[self._observed:]
+    if not self.spikes.on or not new:
+      return None
+    self._observed = len(self._pending)
+    for step, loss in spikes.step_losses(jax.device_get(new), self.state.step):
+      if (found := self.spikes.observe(step, loss)) is not None:
+        return found
+    return None
+
+  def _rolled_back(self, phase: Phase, interval: Interval, bar: tqdm) -> bool:
+    """A completed loss spike: the state rolled back to the checkpoint before it."""
+    if (spike := self._spike()) is None:
+      return False
+    spikes.roll_back(spike, self.spikes, self.s.train.spike.max_rollbacks, phase, self.state,
+                     self.ckpts, self.reporter)
+    self._pending, self._observed = [], 0
+    interval.restart(self.state.step)
+    _restart_rate(bar, self.state.step)
+    return True
+
+  def _save(self, phase: Phase, position: int) -> None:
+    self.state.spike = self.spikes.state()  # the detector as of this step, for a resume
+    self.ckpts.save(self.state, phase, position)
 
   def _log_train(self, phase: Phase, bar: tqdm, pending: list, interval: Interval) -> None:
     """Writes the interval's train metrics and rates; updates the bar; checks NaN streaks."""
@@ -225,7 +265,7 @@ class TrainLoop:
   def final_eval(self) -> dict:
     last = self.s.train.phases[-1]
     if self.ckpts.latest_step() != self.state.step:  # e.g. num_steps raised after a finished run
-      self.ckpts.save(self.state, last, 0)
+      self._save(last, 0)
     ev = self._after_eval(self.evaluate(last))
     self.reporter.write("eval", self.state.step, ev)
     self.probe(self.state.step)

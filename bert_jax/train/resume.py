@@ -37,6 +37,7 @@ class RunState:
   position: int = 0  # global batches of the current phase consumed
   params: Any = None
   opt_state: Any = None
+  spike: dict = dataclasses.field(default_factory=dict)  # train/spikes.SpikeDetector.state()
 
 
 def check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str,
@@ -223,7 +224,7 @@ class RunCheckpoints:
         self.mngr, step, self.steps.abstract_params,
         {"opt_state": self.steps.abstract_opt_state, "rng": rng})
     return RunState(int(meta["step"]), int(meta["data_position"]), params,
-                    opt_state["opt_state"])
+                    opt_state["opt_state"], meta.get("spike", {}))
 
   def save(self, state: RunState, phase: Phase, position: int) -> None:
     """Starts writing a checkpoint of the current step (in the background)."""
@@ -237,7 +238,7 @@ class RunCheckpoints:
       checkpointing.save(self.mngr, state.step, state.params,
                          {"opt_state": state.opt_state, "rng": self.rng_data},
                          {**self.meta_base, "step": state.step, "phase": phase.index,
-                          "data_position": position})
+                          "data_position": position, "spike": state.spike})
     except Exception as e:  # pylint: disable=broad-except
       raise self._write_error(state.step, e) from e
     self._saving = state.step
