@@ -24,7 +24,6 @@ dies, however it dies (kill -9 included), which frees its id for a restart.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import select
@@ -35,7 +34,7 @@ import time
 from typing import Optional
 
 from bert_jax.errors import ConfigError
-from bert_jax.parallel.workdir_lock import describe, holder_record, read_holder
+from bert_jax.parallel.workdir_lock import Held, describe, flock_exclusive, holder_record
 
 _HELLO_TIMEOUT_S = 10.0  # a connection that sends nothing is dropped after this
 
@@ -82,16 +81,14 @@ def lock_coordinator_port(port: int, address: str) -> Optional[int]:
   except OSError:
     return None
   try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except OSError as e:
-    holder = read_holder(fd)
-    os.close(fd)
-    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-      return None
+    flock_exclusive(fd)
+  except Held as e:
     raise ConfigError(f"--coordinator_address={address}: port {port} is already in use by "
-                      f"another bert-jax process 0 on this host ({describe(holder)}; lock "
+                      f"another bert-jax process 0 on this host ({describe(e.holder)}; lock "
                       f"{path}); expected one --process_id=0 per run: wait for that run to "
                       "end or give this one another port") from None
+  except OSError:
+    return None
   try:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder_record(port=port)) + "\n").encode(), 0)

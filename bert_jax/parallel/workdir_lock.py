@@ -156,16 +156,14 @@ def _acquire(workdir: str, path: str) -> int:
       raise ConfigError(f"workdir {workdir}: cannot create the lock file {path} "
                         f"({e.strerror}); expected a writable --workdir") from None
     try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      holder = read_holder(fd)
-      os.close(fd)
-      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        raise ConfigError(f"workdir {workdir}: cannot lock {path} ({e.strerror}); expected "
-                          "a --workdir on a file system with working locks") from None
-      raise WorkdirInUse(f"workdir {workdir} is in use by another run ({describe(holder)}; "
+      flock_exclusive(fd)
+    except Held as e:
+      raise WorkdirInUse(f"workdir {workdir} is in use by another run ({describe(e.holder)}; "
                          f"lock {path}); wait for it to end or use another --workdir",
-                         holder) from None
+                         e.holder) from None
+    except OSError as e:
+      raise ConfigError(f"workdir {workdir}: cannot lock {path} ({e.strerror}); expected "
+                        "a --workdir on a file system with working locks") from None
     try:  # the file we locked must still be the one under `path` (see hold's finally)
       same = os.path.samestat(os.fstat(fd), os.stat(path))
     except FileNotFoundError:
@@ -173,6 +171,27 @@ def _acquire(workdir: str, path: str) -> int:
     if same:
       return fd
     os.close(fd)
+
+
+class Held(Exception):
+  """Another live process holds the lock; `holder` is its record ({} if none yet)."""
+
+  def __init__(self, holder: dict):
+    super().__init__(holder)
+    self.holder = holder
+
+
+def flock_exclusive(fd: int) -> None:
+  """flock(LOCK_EX | LOCK_NB) on `fd`. On failure `fd` is closed and raised is Held (another
+  process holds it: the record it wrote) or the OSError (a file system without locks)."""
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    holder = read_holder(fd)
+    os.close(fd)
+    if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+      raise Held(holder) from None
+    raise
 
 
 def holder_record(**extra) -> dict:
