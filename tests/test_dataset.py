@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bert_jax import settings
-from bert_jax.data import corpus, dataset, part_writer, pretraining_data
+from bert_jax.data import corpus, dataset, prep_write, pretraining_data
 from bert_jax.errors import ConfigError, CorpusError
 from bert_jax.data.input_pipeline import TrainIterator
 from bert_jax.data.tokenizer import Tokenizer
@@ -367,7 +367,7 @@ def test_same_corpus_seed_and_vocab_give_identical_examples_in_another_cache(pla
 
 
 def test_not_next_partners_come_from_the_same_window(tmp_path, cache, monkeypatch):
-  monkeypatch.setattr(part_writer, "WINDOW_DOCUMENTS", 3)
+  monkeypatch.setattr(prep_write, "WINDOW_DOCUMENTS", 3)
   num_docs = 40
   path = tmp_path / "docs.txt"  # document i is made of the word d<i> only
   path.write_text("\n\n".join("\n".join(f"d{i} " * 3 + "." for _ in range(4))
@@ -493,7 +493,7 @@ def test_odd_input_is_repaired_counted_and_warned_on_one_line(tmp_path, cache, c
 def test_sharded_records_read_back_the_same_examples(plain, tmp_path, monkeypatch):
   c = data_config(plain, vocab_file=write_vocab(tmp_path))
   whole = dataset.prepare(c, [16], str(tmp_path / "one"), seed=0).train[16]
-  monkeypatch.setattr(part_writer, "SHARD_RECORDS", 7)
+  monkeypatch.setattr(prep_write, "SHARD_RECORDS", 7)
   sharded = dataset.prepare(c, [16], str(tmp_path / "many"), seed=0).train[16]
   assert len(sharded.paths) == -(-len(whole) // 7) > 3
   order = np.random.default_rng(0).permutation(len(whole))

@@ -1,6 +1,6 @@
 """Data preparation in parts, by worker processes and by several jax.distributed processes.
 
-The parts of a corpus depend on the corpus alone (`corpus_parts`), so the
+The parts of a corpus depend on the corpus alone (`prep_parts`), so the
 prepared bytes must not depend on how many workers or processes made them.
 A small part size (module constant, or BERT_JAX_PREPARE_PART_BYTES for a
 train.py subprocess) gives a small test corpus several parts.
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from bert_jax.data import corpus, corpus_parts, dataset, part_pool
+from bert_jax.data import corpus, prep_parts, dataset, prep_workers
 from bert_jax.settings import DataSettings
 import soak_kill
 from tools.bench_prepare import make_synthetic_corpus
@@ -51,8 +51,8 @@ def test_parts_cut_at_document_boundaries_and_read_as_the_whole(tmp_path, monkey
   # A glob of two files: the second's parts continue the stream of the first.
   second = make_synthetic_corpus(str(tmp_path / "corpus2.txt"), 0.1, seed=1)
   spec = str(tmp_path / "corpus*.txt")
-  monkeypatch.setattr(corpus_parts, "PART_BYTES", 40_000)
-  parts = corpus_parts.plan(spec, "plain", 0)
+  monkeypatch.setattr(prep_parts, "PART_BYTES", 40_000)
+  parts = prep_parts.plan(spec, "plain", 0)
   assert len(parts) >= 8 and [p.index for p in parts] == list(range(len(parts)))
   assert sum(p.bytes for p in parts) == os.path.getsize(text) + os.path.getsize(second)
   for p in parts[1:]:
@@ -69,13 +69,13 @@ def test_parts_cut_at_document_boundaries_and_read_as_the_whole(tmp_path, monkey
 
 def test_a_small_corpus_is_one_part_as_before(text):
   # Its key has no part size, so data prepared before parts existed stays valid.
-  assert len(corpus_parts.plan(text, "plain", 0)) == 1
+  assert len(prep_parts.plan(text, "plain", 0)) == 1
   assert "part_bytes" not in dataset._settings(settings(text), 0)["blocks"]  # pylint: disable=protected-access
 
 
 def test_the_same_bytes_for_1_2_and_3_workers(tmp_path, monkeypatch, text):
-  monkeypatch.setattr(corpus_parts, "PART_BYTES", 60_000)
-  monkeypatch.setattr(part_pool, "usable_cores", lambda: 3)  # workers are capped at the cores
+  monkeypatch.setattr(prep_parts, "PART_BYTES", 60_000)
+  monkeypatch.setattr(prep_workers, "usable_cores", lambda: 3)  # workers are capped at the cores
   found = {}
   for workers in (1, 2, 3):
     p = dataset.prepare(settings(text, num_workers=workers), [32, 64],
@@ -97,8 +97,8 @@ def test_a_part_of_one_document_yields_no_examples_and_is_still_a_part(tmp_path,
     with open(tmp_path / name, "w", encoding="utf-8") as f:
       f.write("\n".join(sentences[:1500]) + "\n")
   spec = str(tmp_path / "*.txt")
-  monkeypatch.setattr(corpus_parts, "PART_BYTES", 60_000)
-  parts = corpus_parts.plan(spec, "plain", 0)
+  monkeypatch.setattr(prep_parts, "PART_BYTES", 60_000)
+  parts = prep_parts.plan(spec, "plain", 0)
   lone = [p for p in parts if len(p.ranges) == 1 and p.ranges[0][0].endswith(("a.txt", "b.txt"))]
   assert len(lone) == 2 and len(list(corpus.read_ranges(lone[0].ranges, "plain",
                                                         corpus.CorpusStats()))) == 1
@@ -152,7 +152,7 @@ def test_a_killed_worker_stops_with_one_line_and_a_rerun_completes_the_same_byte
           if ".tmp-" not in p]
   assert done  # finished parts are kept for the rerun
   # The rerun (in this process, one worker) does what is missing; the bytes are a clean run's.
-  monkeypatch.setattr(corpus_parts, "PART_BYTES", 150_000)
+  monkeypatch.setattr(prep_parts, "PART_BYTES", 150_000)
   again = dataset.prepare(settings(text, num_workers=1, dupe_factor=20), [64], cache, seed=0)
   clean = dataset.prepare(settings(text, num_workers=2, dupe_factor=20), [64],
                           str(tmp_path / "clean"), seed=0)
@@ -269,16 +269,16 @@ def test_two_processes_prepare_together_on_a_shared_cache_as_one_process(tmp_pat
 
 
 def test_progress_gives_tokens_per_second_and_the_time_left(monkeypatch, tmp_path):
-  from bert_jax.data import part_pool, part_writer  # pylint: disable=import-outside-toplevel
+  from bert_jax.data import prep_workers, prep_write  # pylint: disable=import-outside-toplevel
   clock = iter([100.0, 110.0])
-  monkeypatch.setattr(part_pool.time, "monotonic", lambda: next(clock))
-  jobs = [part_writer.PartJob(None, corpus_parts.Part(i, 4, (("a", 0, None),), 100 << 20),
+  monkeypatch.setattr(prep_workers.time, "monotonic", lambda: next(clock))
+  jobs = [prep_write.PartJob(None, prep_parts.Part(i, 4, (("a", 0, None),), 100 << 20),
                               "plain", "", str(tmp_path / f"part-{i}"), (16,), 0)
           for i in range(4)]
   os.makedirs(tmp_path / "part-3")  # another process's part, done: counted
-  with open(tmp_path / "part-3" / part_writer.PART_FILE, "w", encoding="utf-8") as f:
+  with open(tmp_path / "part-3" / prep_write.PART_FILE, "w", encoding="utf-8") as f:
     json.dump({"counts": {"tokens": 4_000_000}}, f)
-  progress = part_pool.Progress(jobs[:2], " (process 0 of 2)", others=jobs[2:])
+  progress = prep_workers.Progress(jobs[:2], " (process 0 of 2)", others=jobs[2:])
   progress.done = {0: (5_000_000, 1.0), 1: (1_000_000, 0.5)}  # 2.5 of 4 equal parts
   progress.examples = {0: 300, 1: 20}
   line = progress.line(110.0)
@@ -288,11 +288,11 @@ def test_progress_gives_tokens_per_second_and_the_time_left(monkeypatch, tmp_pat
 
 def test_more_workers_than_cores_are_capped_at_the_cores_with_one_warning(
     tmp_path, monkeypatch, text, capsys):
-  monkeypatch.setattr(corpus_parts, "PART_BYTES", 60_000)
-  monkeypatch.setattr(part_pool, "usable_cores", lambda: 2)
+  monkeypatch.setattr(prep_parts, "PART_BYTES", 60_000)
+  monkeypatch.setattr(prep_workers, "usable_cores", lambda: 2)
   started = []
-  real = part_pool.run
-  monkeypatch.setattr(part_pool, "run", lambda jobs, workers, *a: (started.append(workers),
+  real = prep_workers.run
+  monkeypatch.setattr(prep_workers, "run", lambda jobs, workers, *a: (started.append(workers),
                                                                     real(jobs, workers, *a)))
   dataset.prepare(settings(text, num_workers=1000), [32], str(tmp_path / "cache"), seed=0)
   assert started == [2]
@@ -312,9 +312,9 @@ def test_a_tfds_corpus_is_cut_in_ranges_of_examples_with_the_same_bytes(tmp_path
   data_dir = tmp_path / "tfds"
   name = build_toy_tfds(data_dir, n=48)
   monkeypatch.setenv("TFDS_DATA_DIR", str(data_dir))  # the workers read it too
-  monkeypatch.setattr(corpus_parts, "TFDS_PART_EXAMPLES", 16)
+  monkeypatch.setattr(prep_parts, "TFDS_PART_EXAMPLES", 16)
   spec = f"tfds:{name}:text"
-  parts = corpus_parts.plan(spec, "plain", 0)
+  parts = prep_parts.plan(spec, "plain", 0)
   assert [p.examples for p in parts] == [(0, 16), (16, 32), (32, 48)]
   stats = corpus.CorpusStats()
   assert [d for p in parts for d in corpus.read_tfds_range(spec, *p.examples, stats)] == list(

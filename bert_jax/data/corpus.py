@@ -72,7 +72,7 @@ def read_documents(spec: str, fmt: str = "auto", max_documents: int = 0,
 def read_ranges(ranges: Sequence[tuple[str, int, int | None]], fmt: str,
                 stats: CorpusStats) -> Iterator[list[str]]:
   """The documents of byte ranges (path, start, end or None = to the end) of files
-  already checked, in order: one part of a corpus (see `corpus_parts`). `fmt` is resolved."""
+  already checked, in order: one part of a corpus (see `prep_parts`). `fmt` is resolved."""
   docs = itertools.chain.from_iterable(file_documents(p, fmt, stats, start, end)
                                        for p, start, end in ranges)
   return _counted(docs, stats)

@@ -140,7 +140,7 @@ def _sniff(path: str, head: bytes) -> None:
 def file_documents(path: str, fmt: str, stats: CorpusStats, start: int = 0,
                    end: int | None = None) -> Iterator[list[str]]:
   """The documents of `path`, or of its bytes [start, end) (a part of the corpus: both
-  ends at document boundaries, see `corpus_parts`). Only a whole file can be 'empty'."""
+  ends at document boundaries, see `prep_parts`). Only a whole file can be 'empty'."""
   span = (start, end)
   if fmt == "tab":
     return _tab_documents(path, stats, span)

@@ -4,10 +4,10 @@ in parts, by as many workers and hosts as there are, and reuse it on later runs.
   vocabulary   trained once (process 0) from the first `data.vocab_sample_bytes`
                characters of training text, or read from `data.vocab_file`
   parts        the corpus cut at document boundaries that depend on the corpus
-               alone (corpus_parts); each part prepared on its own, streaming, in
-               bounded memory (part_writer), by `data.num_workers` worker processes
-               (part_pool) and, on a shared cache, by every process (`Share`)
-  merge        the parts' records in part order: one dataset (part_merge), so the
+               alone (prep_parts); each part prepared on its own, streaming, in
+               bounded memory (prep_write), by `data.num_workers` worker processes
+               (prep_workers) and, on a shared cache, by every process (`Share`)
+  merge        the parts' records in part order: one dataset (prep_merge), so the
                prepared bytes are the same for any number of workers and hosts
 
 Layout under `cache_dir`:
@@ -35,13 +35,13 @@ import shutil
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bert_jax.data import corpus, corpus_parts, part_merge, part_pool, part_writer, pretraining_data
+from bert_jax.data import corpus, prep_parts, prep_merge, prep_workers, prep_write, pretraining_data
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.data.example_store import (  # noqa: F401  (re-exported: the data's public names)
+from bert_jax.data.prep_store import (  # noqa: F401  (re-exported: the data's public names)
     HEADER, INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE, TOKENIZER_DIR, ExampleSource,
     owner, remove_stale, seq_dir, shard_path, write_json)
-from bert_jax.data.part_writer import split_documents  # noqa: F401
-from bert_jax.data.prepared_check import (  # noqa: F401
+from bert_jax.data.prep_write import split_documents  # noqa: F401
+from bert_jax.data.prep_check import (  # noqa: F401
     CacheDirError, PreparedDataError, check_corpus_unchanged, check_seq_dir, is_complete, writable,
     write_manifest)
 from bert_jax.data.tokenizer import Tokenizer
@@ -120,7 +120,7 @@ def prepare(data_config: DataSettings, seq_lens: Sequence[int], cache_dir: str,
 
 def parts_count(c: DataSettings) -> int:
   """How many parts the corpus has."""
-  return len(corpus_parts.plan(c.corpus, corpus.resolve_format(c.corpus, c.format),
+  return len(prep_parts.plan(c.corpus, corpus.resolve_format(c.corpus, c.format),
                                c.max_documents))
 
 
@@ -208,16 +208,16 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
       remove_stale(parts_root, "part-")
       tokenizer_dir = os.path.join(directory, TOKENIZER_DIR) if complete else (
           _shared_tokenizer(c, seed, parts_root, tokenizer))
-      jobs = part_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
+      jobs = prep_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
       mine = _share_of(jobs, share)
-      workers = part_pool.worker_count(c.num_workers, len(mine))
+      workers = prep_workers.worker_count(c.num_workers, len(mine))
       label = f" (process {share.index} of {share.count})" if share.count > 1 else ""
       others = [j for j in jobs if j not in mine] if local is None else []
-      part_pool.run(mine, workers, label, others)
+      prep_workers.run(mine, workers, label, others)
   except BaseException as e:
     # Finished parts are kept for a rerun, unless the input is bad (nothing to resume).
     bad_input = isinstance(e, BertJaxError) and not isinstance(
-        e, (part_pool.PreparationError, CacheDirError))
+        e, (prep_workers.PreparationError, CacheDirError))
     if bad_input or not any(n.startswith("part-") and ".tmp-" not in n
                             for n in (os.listdir(parts_root) if os.path.isdir(parts_root)
                                       else ())):
@@ -226,7 +226,7 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
   return Where(directory, settings, False, local)
 
 
-def _share_of(jobs: list[part_writer.PartJob], share: Share) -> list[part_writer.PartJob]:
+def _share_of(jobs: list[prep_write.PartJob], share: Share) -> list[prep_write.PartJob]:
   return [j for j in jobs if share.holds(j.part.index)]
 
 
@@ -268,7 +268,7 @@ def finish(c: DataSettings, seq_lens: list[int], where: Where, seed: int) -> str
     return directory
   parts_root = _parts_root(cache_dir, directory, key, missing, complete)
   tokenizer_dir = os.path.join(directory if complete else parts_root, TOKENIZER_DIR)
-  jobs = part_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
+  jobs = prep_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
   if where.local is not None:
     jobs = _share_of(jobs, where.local)
   try:
@@ -283,11 +283,11 @@ def finish(c: DataSettings, seq_lens: list[int], where: Where, seed: int) -> str
 
 
 def _finish_fresh(c: DataSettings, settings: dict, cache_dir: str, directory: str,
-                  jobs: list[part_writer.PartJob], seq_lens: list[int]) -> None:
+                  jobs: list[prep_write.PartJob], seq_lens: list[int]) -> None:
   staging = os.path.join(cache_dir, f".{os.path.basename(directory)}.tmp-{owner()}")
   try:
     os.makedirs(staging)
-    stats = part_merge.merge(c, jobs, {l: seq_dir(staging, l) for l in seq_lens})
+    stats = prep_merge.merge(c, jobs, {l: seq_dir(staging, l) for l in seq_lens})
     write_json(os.path.join(staging, STATS_FILE), stats)
     write_json(os.path.join(staging, SETTINGS_FILE), settings)
     shutil.copytree(jobs[0].tokenizer_dir, os.path.join(staging, TOKENIZER_DIR))
@@ -302,14 +302,14 @@ def _finish_fresh(c: DataSettings, settings: dict, cache_dir: str, directory: st
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def _add_seq_lens(c: DataSettings, directory: str, jobs: list[part_writer.PartJob],
+def _add_seq_lens(c: DataSettings, directory: str, jobs: list[prep_write.PartJob],
                   seq_lens: list[int]) -> None:
   """Adds seq_lens to a complete preparation, made with its stored tokenizer."""
   with fs.open(os.path.join(directory, SETTINGS_FILE), encoding="utf-8") as f:
     started_from = json.load(f)["corpus"]  # what the preparation's key was made from
   stagings = {l: os.path.join(directory, f".seq{l}.tmp-{owner()}") for l in seq_lens}
   try:
-    part_merge.merge(c, jobs, stagings)
+    prep_merge.merge(c, jobs, stagings)
     check_corpus_unchanged(c, started_from)
     for l, staging in stagings.items():
       fs.rename(staging, seq_dir(directory, l))
@@ -333,7 +333,7 @@ def _settings(c: DataSettings, seed: int) -> dict:
     vocab = {"trained_size": int(c.vocab_size), "sample_bytes": int(c.vocab_sample_bytes)}
   vocab["lowercase"] = bool(c.lowercase)
   fingerprint = corpus.fingerprint(c.corpus)
-  w = part_writer
+  w = prep_write
   return {
       "data_version": DATA_VERSION,
       "corpus": fingerprint,
@@ -362,9 +362,9 @@ def _part_size(c: DataSettings, fingerprint: dict) -> dict:
   if c.max_documents:
     return {}
   if "tfds" in fingerprint:
-    return {"tfds_part_examples": corpus_parts.TFDS_PART_EXAMPLES}
+    return {"tfds_part_examples": prep_parts.TFDS_PART_EXAMPLES}
   total = _corpus_bytes(c, fingerprint)
-  return {"part_bytes": corpus_parts.part_bytes(total)} if total > corpus_parts.PART_BYTES else {}
+  return {"part_bytes": prep_parts.part_bytes(total)} if total > prep_parts.PART_BYTES else {}
 
 
 def key(c: DataSettings, seed: int) -> str:  # the folder name in cache_dir of a whole corpus
@@ -398,8 +398,8 @@ def documents(c: DataSettings, seed: int,
               stats: corpus.CorpusStats) -> Iterator[tuple[bool, list[str]]]:
   """(is_eval, document) for the whole corpus, part after part, as preparation splits it."""
   fmt = corpus.resolve_format(c.corpus, c.format)
-  for part in corpus_parts.plan(c.corpus, fmt, c.max_documents):
-    yield from part_writer.part_documents(c, part, fmt, seed, stats)
+  for part in prep_parts.plan(c.corpus, fmt, c.max_documents):
+    yield from prep_write.part_documents(c, part, fmt, seed, stats)
 
 
 def make_tokenizer(c: DataSettings, seed: int) -> Tokenizer:

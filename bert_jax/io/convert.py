@@ -32,7 +32,7 @@ from typing import Optional
 
 from safetensors.numpy import save_file
 
-from bert_jax.data.example_store import owner, remove_stale
+from bert_jax.data.prep_store import owner, remove_stale
 from bert_jax.io import checkpointing
 from bert_jax.storage import fs
 from bert_jax.errors import ConfigError

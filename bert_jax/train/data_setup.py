@@ -26,8 +26,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from bert_jax import console
-from bert_jax.data import dataset, part_merge
-from bert_jax.data.example_store import MANIFEST_FILE as MANIFEST
+from bert_jax.data import dataset, prep_merge
+from bert_jax.data.prep_store import MANIFEST_FILE as MANIFEST
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.storage import fs
 from bert_jax.settings import DataSettings
@@ -203,7 +203,7 @@ def _prepare_host_local(data: DataSettings, seq_lens: list[int], cache_dir: str,
 
   def mine() -> dataset.Prepared:
     if me == 0:
-      part_merge.discard_unused(msg["where"])  # its vocabulary goes into the share's data
+      prep_merge.discard_unused(msg["where"])  # its vocabulary goes into the share's data
     elif dataset.parts_count(data) != msg["parts"]:
       raise ConfigError(f"config.data.corpus: '{data.corpus}' on process {me} has "
                         f"{dataset.parts_count(data)} parts, on process 0 {msg['parts']}; "

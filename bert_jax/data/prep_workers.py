@@ -3,7 +3,7 @@
 Workers are fresh interpreters (`python -c ...worker_main()`), not forks: the
 parent may have JAX and its threads loaded (a fork of that can deadlock), and
 a spawned `multiprocessing` child would import the parent's `__main__` (train.py,
-JAX) again. Each worker reads jobs (`part_writer.PartJob`) from its stdin and
+JAX) again. Each worker reads jobs (`prep_write.PartJob`) from its stdin and
 answers on a dup of its stdout ("progress", "done" or "error"); what it prints
 goes to stderr. Its tokenizer runs single-threaded (TOKENIZERS_PARALLELISM,
 RAYON_NUM_THREADS): the workers are the parallelism, and threads on top would
@@ -25,8 +25,8 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 
-from bert_jax.data import part_writer
-from bert_jax.data.prepared_check import CacheDirError
+from bert_jax.data import prep_write
+from bert_jax.data.prep_check import CacheDirError
 from bert_jax.errors import BertJaxError, ConfigError, CorpusError
 from bert_jax.storage import fs
 
@@ -58,8 +58,8 @@ def worker_count(asked: int, parts: int) -> int:
   return min(asked or cores, cores)
 
 
-def run(jobs: Sequence[part_writer.PartJob], workers: int, label: str = "",
-        others: Sequence[part_writer.PartJob] = ()) -> None:
+def run(jobs: Sequence[prep_write.PartJob], workers: int, label: str = "",
+        others: Sequence[prep_write.PartJob] = ()) -> None:
   """Prepares every job's part: in this process when `workers` <= 1 or there is one
   job, else in min(workers, jobs) worker processes. `others` are the parts other
   processes prepare into the same folder (counted in the progress once done)."""
@@ -67,10 +67,10 @@ def run(jobs: Sequence[part_writer.PartJob], workers: int, label: str = "",
   if workers <= 1 or len(jobs) <= 1:
     try:
       for i, job in enumerate(jobs):
-        part_writer.prepare_part(job, lambda t, f, e, i=i: progress.update(i, t, f, e),
+        prep_write.prepare_part(job, lambda t, f, e, i=i: progress.update(i, t, f, e),
                                  keep_tokenizer=True)
     finally:
-      part_writer.release_tokenizer()
+      prep_write.release_tokenizer()
     return
   _Pool(min(workers, len(jobs)), progress).run(list(jobs))
 
@@ -79,8 +79,8 @@ class Progress:
   """Tokens/s over all parts (other processes' once done), and the time left from the
   share of the corpus done (bytes of text, or TFDS examples)."""
 
-  def __init__(self, jobs: Sequence[part_writer.PartJob], label: str = "",
-               others: Sequence[part_writer.PartJob] = ()):
+  def __init__(self, jobs: Sequence[prep_write.PartJob], label: str = "",
+               others: Sequence[prep_write.PartJob] = ()):
     self.start = time.monotonic()
     self.next = self.start + PROGRESS_SECONDS
     self.sizes = [j.part.bytes for j in jobs]
@@ -102,7 +102,7 @@ class Progress:
 
   def _look_at_others(self) -> None:
     for i, job in enumerate(self.others):
-      path = os.path.join(job.directory, part_writer.PART_FILE)
+      path = os.path.join(job.directory, prep_write.PART_FILE)
       if i not in self.others_done and os.path.exists(path):
         with fs.open(path, encoding="utf-8") as f:
           self.others_done[i] = json.load(f)["counts"]["tokens"]
@@ -137,7 +137,7 @@ class _Worker:
            "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH"))
                                          if p)}
     self.proc = subprocess.Popen(
-        [sys.executable, "-c", "from bert_jax.data.part_pool import worker_main; worker_main()"],
+        [sys.executable, "-c", "from bert_jax.data.prep_workers import worker_main; worker_main()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     self.send = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
     self.recv = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
@@ -157,7 +157,7 @@ class _Pool:
   def __init__(self, n: int, progress: Progress):
     self.n, self.progress = n, progress
 
-  def run(self, jobs: list[part_writer.PartJob]) -> None:
+  def run(self, jobs: list[prep_write.PartJob]) -> None:
     todo = list(range(len(jobs)))
     workers = [_Worker() for _ in range(self.n)]
     try:
@@ -175,7 +175,7 @@ class _Pool:
       for w in workers:
         w.stop()
 
-  def _answer(self, w: _Worker, jobs: list[part_writer.PartJob]) -> None:
+  def _answer(self, w: _Worker, jobs: list[prep_write.PartJob]) -> None:
     job = jobs[w.job]
     try:
       msg = w.recv.recv()
@@ -217,7 +217,7 @@ def _serve(jobs: Connection, answers: Connection) -> None:
   while (job := jobs.recv()) is not None:
     report = lambda tokens, share, examples: answers.send(("progress", tokens, share, examples))
     try:
-      part_writer.prepare_part(job, report, keep_tokenizer=True)
+      prep_write.prepare_part(job, report, keep_tokenizer=True)
     except (BrokenPipeError, ConnectionResetError):
       raise
     except BertJaxError as e:

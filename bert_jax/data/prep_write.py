@@ -1,6 +1,6 @@
 """One part of the corpus to stored examples, streaming, in bounded memory.
 
-  documents of the part (corpus_parts.Part, read lazily)
+  documents of the part (prep_parts.Part, read lazily)
     -> train/eval split, per block of up to SPLIT_BLOCK_DOCUMENTS documents (seeded shuffle)
     -> WordPiece, a chunk of ~8k sentences per `encode_batch_flat` call
     -> per split, windows of up to WINDOW_DOCUMENTS documents / WINDOW_TOKENS
@@ -15,7 +15,7 @@ prepares a part, or when. A part is written to `<dir>.tmp-<host>-<pid>/` and
 renamed to `<dir>/` when complete (PART_FILE written last), so a part that
 exists is complete and a rerun prepares only the missing ones.
 
-Record format: see `example_store`. Shapes: K examples, L = seq_len.
+Record format: see `prep_store`. Shapes: K examples, L = seq_len.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from bert_jax.data import corpus, corpus_parts, pretraining_data
-from bert_jax.data.example_store import HEADER, owner, shard_path, write_json
-from bert_jax.data.prepared_check import writable
+from bert_jax.data import corpus, prep_parts, pretraining_data
+from bert_jax.data.prep_store import HEADER, owner, shard_path, write_json
+from bert_jax.data.prep_check import writable
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.errors import CorpusError
 from bert_jax.storage import fs
@@ -68,7 +68,7 @@ Report = Callable[[int, float, int], None]
 class PartJob:
   """Everything a worker needs to prepare one part (picklable)."""
   data: DataSettings
-  part: corpus_parts.Part
+  part: prep_parts.Part
   fmt: str  # 'plain' or 'tab', resolved once for the corpus
   tokenizer_dir: str
   directory: str  # the part's final folder
@@ -136,7 +136,7 @@ def release_tokenizer() -> None:
 # --- documents: split, tokens ---
 
 
-def part_documents(c: DataSettings, part: corpus_parts.Part, fmt: str, seed: int,
+def part_documents(c: DataSettings, part: prep_parts.Part, fmt: str, seed: int,
                    stats: corpus.CorpusStats) -> Iterator[tuple[bool, list[str]]]:
   """(is_eval, document) of one part, in corpus order."""
   if part.examples is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from bert_jax.data import corpus
 from bert_jax.errors import BertJaxError, ConfigError, CorpusError
-from bert_jax.data.example_store import (INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE,
+from bert_jax.data.prep_store import (INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE,
                                     TOKENIZER_DIR, shard_path, write_json)
 from bert_jax.storage import fs
 

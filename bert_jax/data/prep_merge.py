@@ -20,8 +20,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from bert_jax.data import corpus, corpus_parts, part_writer
-from bert_jax.data.example_store import INFO_FILE, shard_path, write_json
+from bert_jax.data import corpus, prep_parts, prep_write
+from bert_jax.data.prep_store import INFO_FILE, shard_path, write_json
 from bert_jax.errors import CorpusError
 from bert_jax.storage import fs
 
@@ -32,37 +32,37 @@ SPLITS = ("train", "eval")
 
 
 def jobs(c: DataSettings, tokenizer_dir: str, parts_root: str, seq_lens: list[int],
-         seed: int) -> list[part_writer.PartJob]:
+         seed: int) -> list[prep_write.PartJob]:
   """One job per part of the corpus, in part order."""
   fmt = corpus.resolve_format(c.corpus, c.format)
-  tuning = part_writer.tuning()
-  return [part_writer.PartJob(c, part, fmt, tokenizer_dir,
+  tuning = prep_write.tuning()
+  return [prep_write.PartJob(c, part, fmt, tokenizer_dir,
                               os.path.join(parts_root, f"part-{part.index:05d}"),
                               tuple(seq_lens), seed, tuning)
-          for part in corpus_parts.plan(c.corpus, fmt, c.max_documents)]
+          for part in prep_parts.plan(c.corpus, fmt, c.max_documents)]
 
 
-def missing(parts: list[part_writer.PartJob]) -> list[part_writer.PartJob]:
+def missing(parts: list[prep_write.PartJob]) -> list[prep_write.PartJob]:
   """The jobs whose part is not complete yet."""
   return [j for j in parts if not os.path.exists(os.path.join(j.directory,
-                                                              part_writer.PART_FILE))]
+                                                              prep_write.PART_FILE))]
 
 
-def _read_part(job: part_writer.PartJob) -> dict:
-  with fs.open(os.path.join(job.directory, part_writer.PART_FILE), encoding="utf-8") as f:
+def _read_part(job: prep_write.PartJob) -> dict:
+  with fs.open(os.path.join(job.directory, prep_write.PART_FILE), encoding="utf-8") as f:
     return json.load(f)
 
 
-def merge(c: DataSettings, parts: list[part_writer.PartJob], out_dirs: dict[int, str]) -> dict:
+def merge(c: DataSettings, parts: list[prep_write.PartJob], out_dirs: dict[int, str]) -> dict:
   """Links every part's shards into `out_dirs` (one per seq_len) with their info.json;
   returns the stats of the whole preparation."""
   found = [_read_part(j) for j in parts]
   stats = _merged_stats(found)
   for split, n in stats["documents_by_split"].items():
-    if n < part_writer.MIN_DOCS_PER_SPLIT:
+    if n < prep_write.MIN_DOCS_PER_SPLIT:
       name = "training" if split == "train" else "evaluation"
       raise CorpusError(f"corpus '{c.corpus}' has {n} {name} document(s) with any tokens; "
-                        f"need at least {part_writer.MIN_DOCS_PER_SPLIT}")
+                        f"need at least {prep_write.MIN_DOCS_PER_SPLIT}")
   cap = int(c.max_eval_examples) or None
   examples = {}
   for l, out in out_dirs.items():
@@ -90,7 +90,7 @@ def merge(c: DataSettings, parts: list[part_writer.PartJob], out_dirs: dict[int,
   return stats
 
 
-def _link_split(parts: list[part_writer.PartJob], found: list[dict], l: int, split: str,
+def _link_split(parts: list[prep_write.PartJob], found: list[dict], l: int, split: str,
                 prefix: str, cap: int | None) -> list[int]:
   """The records per shard of one split, linked in part order (at most `cap` records)."""
   os.makedirs(os.path.dirname(prefix), exist_ok=True)

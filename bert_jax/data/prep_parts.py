@@ -8,7 +8,7 @@ together, few enough that shard files stay few), and each cut moved forward
 to the next document boundary (after a blank line for `plain`, after a line end
 for `tab`; a file's end always is one). So the documents of the parts, read in
 part order, are the documents of the corpus read whole; only the part-local
-seeds and windows (see `part_writer`) depend on the cuts, and the cuts on the
+seeds and windows (see `prep_write`) depend on the cuts, and the cuts on the
 bytes of the corpus alone.
 
 A TFDS corpus is cut every TFDS_PART_EXAMPLES examples (the order of its
