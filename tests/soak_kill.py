@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import tiny_run
 import os
 import random
 import re
@@ -49,14 +50,12 @@ PHASES = {1: ((1.0,), (32,), (5,)),
 def tiny_overrides(cache_dir: str, steps: int, phases: int = 1, **extra) -> dict:
   """Config fields of a run of a few seconds that checkpoints every 4 steps."""
   fractions, seq_lens, preds = PHASES[phases]
-  return {
-      "data.corpus": TOY, "data.dupe_factor": 2, "data.cache_dir": cache_dir,
-      "model.hidden_size": 32, "model.num_heads": 2, "model.intermediate_size": 64,
-      "model.num_layers": 1, "train.batch_size": 16, "train.num_steps": steps,
-      "train.warmup_steps": 2, "train.phase_fractions": fractions, "train.seq_lens": seq_lens,
+  return tiny_run.overrides(**{
+      "data.cache_dir": cache_dir, "model.num_layers": 1, "train.num_steps": steps,
+      "train.phase_fractions": fractions, "train.seq_lens": seq_lens,
       "train.max_predictions": preds, "log_every": 1, "checkpoint_every": 4,
-      "eval_every": 1000, "eval_batches": 1, "progress_bar": False,
-      "probe.tasks": (), **extra}  # configs/tiny.py's probe is tested on its own
+      "eval_every": 1000, "eval_batches": 1,
+      "probe.tasks": (), **extra})  # configs/tiny.py's probe is tested on its own
 
 
 def tiny_args(workdir: str, cache_dir: str, steps: int, phases: int = 1, **extra) -> list[str]:

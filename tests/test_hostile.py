@@ -22,6 +22,7 @@ import gzip
 import hashlib
 import io
 import json
+import tiny_run
 import os
 import re
 import shutil
@@ -74,10 +75,8 @@ class World:
 
   def base(self) -> dict[str, Any]:
     """Config overrides every training case starts from: tiny model, shared data."""
-    return {"data.corpus": TOY, "data.vocab_file": self.vocab, "data.cache_dir": self.cache,
-            "data.dupe_factor": 1, "model.hidden_size": 32, "model.num_heads": 2,
-            "model.intermediate_size": 64, "train.batch_size": 16, "train.num_steps": 8,
-            "train.warmup_steps": 2}
+    return {**tiny_run.BASE, "data.vocab_file": self.vocab, "data.cache_dir": self.cache,
+            "data.dupe_factor": 1, "train.num_steps": 8}
 
 
 def _config(overrides: dict[str, Any]):

@@ -1,6 +1,7 @@
 """End-to-end pre-training: toy corpus, exact resume, checkpoints, bad input."""
 
 import os
+import tiny_run
 import subprocess
 import sys
 
@@ -12,7 +13,6 @@ from bert_jax.data import input_pipeline
 from bert_jax.io import checkpointing
 from bert_jax.errors import BertJaxError, ConfigError, CorpusError
 from bert_jax.trainer import train_and_evaluate
-from configs import tiny
 
 pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
 
@@ -21,17 +21,9 @@ TOY = os.path.join(ROOT, "data", "corpus.txt")
 
 
 def _config(corpus=TOY, steps=8):
-  c = tiny.get_config()
-  c.data.corpus = corpus
-  c.data.dupe_factor = 2
-  c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = 32, 2, 64
-  c.train.batch_size = 16
-  c.train.num_steps = steps
-  c.train.warmup_steps = 2
-  c.train.seq_lens, c.train.max_predictions = (32,), (5,)
-  c.log_every = c.eval_every = c.checkpoint_every = 4
-  c.progress_bar = False
-  return c
+  return tiny_run.config(**{
+      "data.corpus": corpus, "train.num_steps": steps, "train.seq_lens": (32,),
+      "train.max_predictions": (5,), "log_every": 4, "eval_every": 4, "checkpoint_every": 4})
 
 
 def _with_cache(config, tmp_path):

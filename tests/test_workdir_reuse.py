@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import tiny_run
 import os
 import subprocess
 import sys
@@ -10,24 +11,16 @@ import pytest
 
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.trainer import train_and_evaluate
-from configs import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "data", "corpus.txt")
 
 
 def _config(**data):
-  c = tiny.get_config()
-  c.data.corpus = TOY
-  c.data.dupe_factor = 1
-  c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = 32, 2, 64
-  c.train.batch_size = 16
-  c.train.num_steps = 4
-  c.train.warmup_steps = 1
-  c.train.seq_lens, c.train.max_predictions = (32,), (5,)
-  c.log_every = c.eval_every = c.checkpoint_every = 4
-  c.eval_batches = 1
-  c.progress_bar = False
+  c = tiny_run.config(**{
+      "data.dupe_factor": 1, "train.num_steps": 4, "train.warmup_steps": 1,
+      "train.seq_lens": (32,), "train.max_predictions": (5,), "log_every": 4,
+      "eval_every": 4, "checkpoint_every": 4, "eval_batches": 1})
   for k, v in data.items():
     setattr(c.data, k, v)
   return c

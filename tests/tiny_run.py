@@ -1,0 +1,33 @@
+"""The tiny run the end-to-end tests start from, defined once: configs/tiny.py with a
+32-wide model (configs/tiny.py's 2 layers) on the toy corpus, 16 sequences a step.
+
+    tiny_run.config(**{"train.num_steps": 8})   # a ConfigDict for train_and_evaluate
+    tiny_run.flags(**{"train.num_steps": 8})    # the same as train.py flags
+
+Tests add what their case needs (keys are dotted config fields).
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOY = os.path.join(ROOT, "data", "corpus.txt")
+MODEL = {"model.hidden_size": 32, "model.num_heads": 2, "model.intermediate_size": 64}
+BASE = {"data.corpus": TOY, "data.dupe_factor": 2, **MODEL, "train.batch_size": 16,
+        "train.warmup_steps": 2, "progress_bar": False}
+
+
+def overrides(**extra) -> dict:
+  return {**BASE, **extra}
+
+
+def config(**extra):
+  sys.path.insert(0, ROOT)
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+  c = tiny.get_config()
+  c.update_from_flattened_dict(overrides(**extra))
+  return c
+
+
+def flags(**extra) -> list[str]:
+  return [f"--config.{k}={v}" for k, v in overrides(**extra).items()]
