@@ -36,6 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.progress_bar = True  # show a progress bar in the terminal
   # JAX's persistent compilation cache: a repeated or resumed run skips compiling.
   c.compile_cache_dir = "~/.cache/bert_jax/xla"  # compiled-step cache folder ('' = off)
+  # A hang: no step completes for this many seconds (compiles, evals and saves left out):
+  # every thread's stack goes to <workdir>/hang-*.txt, with one line on stderr.
+  c.watchdog_s = 0.0  # seconds, far above a step's time (e.g. 1800); 0 = off
+  c.watchdog_exit = False  # then exit with status 3, for a scheduler to restart the run
   return c
 
 

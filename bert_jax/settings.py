@@ -234,10 +234,14 @@ class RunSettings:
   keep_checkpoints: int = 3
   progress_bar: bool = True
   compile_cache_dir: str = ""  # JAX persistent compilation cache ('' = off)
+  watchdog_s: float = 0.0  # train/watchdog: no step for this long dumps the stacks (0 = off)
+  watchdog_exit: bool = False  # and then exits with status 3
 
   def __post_init__(self):
     for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
       _positive_int(name, getattr(self, name))
+    if not (isinstance(self.watchdog_s, (int, float)) and 0 <= self.watchdog_s < float("inf")):
+      raise _fail("watchdog_s", self.watchdog_s, "seconds >= 0 (0 = off)")
     if not _is_int(self.eval_batches) or self.eval_batches < 0:
       raise _fail("eval_batches", self.eval_batches, "an integer >= 0 (0 = the whole eval split)")
 

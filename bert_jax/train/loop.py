@@ -14,6 +14,7 @@ Shape legend: B global batch.
 _MAX_IN_FLIGHT = 2
 
 import collections
+import contextlib
 import signal
 import time
 from typing import Any, Optional
@@ -36,6 +37,7 @@ from bert_jax.settings import Phase, Settings
 from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.train.steps import TrainSteps, summarize
 from bert_jax.train.throughput import Interval, Throughput
+from bert_jax.train.watchdog import Watchdog
 
 
 class TrainLoop:
@@ -43,12 +45,13 @@ class TrainLoop:
 
   def __init__(self, settings: Settings, steps: TrainSteps, ckpts: RunCheckpoints,
                prepared: Prepared, reporter: Reporter, signals: StopSignals, state: RunState,
-               probes: Optional[Any] = None):
+               probes: Optional[Any] = None, watchdog: Optional[Watchdog] = None):
     self.s, self.steps, self.ckpts, self.prepared = settings, steps, ckpts, prepared
     self.reporter, self.signals, self.state = reporter, signals, state
     # config.probe.tasks, probed after every evaluation: eval/training_probes.RunProbes
     # (given by the trainer: the loop knows no evaluation beyond its own).
     self.probes = probes
+    self.watchdog = watchdog or Watchdog(0, "")  # config.watchdog_s (train/watchdog)
     self.throughput = Throughput(settings, steps.bert_config, jax.devices()[0].device_kind,
                                  jax.device_count())
     self.compile_s: dict[int, float] = {}  # phase index -> time of its first step
@@ -132,7 +135,7 @@ class TrainLoop:
     bar = tqdm(total=self.s.train.num_steps, initial=st.step, unit="step", dynamic_ncols=True,
                smoothing=0.05, disable=not run.progress_bar or jax.process_index() != 0)
     try:
-      with console.through(bar):
+      with console.through(bar), self.watchdog:
         for phase in self.s.train.phases:
           if st.step < phase.end:  # phases the restored step is past keep the position
             self._train_phase(phase, bar)
@@ -155,9 +158,11 @@ class TrainLoop:
         # This host's real tokens times the hosts: an estimate on several hosts, exact on one.
         interval.real_tokens += float(np.sum(local.input_mask_BxL)) * jax.process_count()
         batch = sharding.global_batch(local, self.steps.mesh)
-        st.params, st.opt_state, metrics = step_fn(
-            st.params, st.opt_state, jnp.int32(st.step), batch)
+        with self.watchdog.paused() if first else contextlib.nullcontext():  # compiles
+          st.params, st.opt_state, metrics = step_fn(
+              st.params, st.opt_state, jnp.int32(st.step), batch)
         st.step += 1
+        self.watchdog.beat(st.step)
         self._pending.append(metrics)
         workdir_lock.check_held()  # a bucket lease another run took over: write nothing more
         if first:  # compiles: timed on its own, left out of the rates
@@ -188,7 +193,8 @@ class TrainLoop:
           jax.block_until_ready(metrics)  # training time so far; the eval is timed apart
           in_flight.clear()
           interval.pause()
-          self._eval_point(phase)
+          with self.watchdog.paused():
+            self._eval_point(phase)
           interval.resume()
           bar.unpause()  # nor does an evaluation or a probe count as time per step
 
@@ -220,8 +226,9 @@ class TrainLoop:
     """A completed loss spike: the state rolled back to the checkpoint before it."""
     if (spike := self._spike()) is None:
       return False
-    spikes.roll_back(spike, self.spikes, self.s.train.spike.max_rollbacks, phase, self.state,
-                     self.ckpts, self.reporter)
+    with self.watchdog.paused():
+      spikes.roll_back(spike, self.spikes, self.s.train.spike.max_rollbacks, phase,
+                       self.state, self.ckpts, self.reporter)
     self._pending, self._observed = [], 0
     interval.restart(self.state.step)
     _restart_rate(bar, self.state.step)
@@ -229,7 +236,8 @@ class TrainLoop:
 
   def _save(self, phase: Phase, position: int) -> None:
     self.state.spike = self.spikes.state()  # the detector as of this step, for a resume
-    self.ckpts.save(self.state, phase, position)
+    with self.watchdog.paused():  # waits for the previous save
+      self.ckpts.save(self.state, phase, position)
 
   def _log_train(self, phase: Phase, bar: tqdm, pending: list, interval: Interval) -> None:
     """Writes the interval's train metrics and rates; updates the bar; checks NaN streaks."""
