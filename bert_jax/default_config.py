@@ -27,6 +27,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.train = _train()
   c.mesh = _mesh()
   c.probe = _probe()
+  # Profiles (jax.profiler) into <workdir>/tensorboard: the steps given, and the next
+  # on_demand_steps steps whenever a file <workdir>/PROFILE appears (docs/training.md).
+  c.profile = ml_collections.ConfigDict()
+  c.profile.steps = ()  # (start, end), e.g. (1000, 1010); () = none planned
+  c.profile.on_demand_steps = 5  # steps traced after `touch <workdir>/PROFILE`
   # --- bookkeeping: logging, evaluation and checkpoint cadence, compile cache ---
   c.log_every = 100  # steps between train metrics and throughput lines
   c.eval_every = 10_000  # steps between evaluations

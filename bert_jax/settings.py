@@ -160,13 +160,11 @@ class OptimizerSettings:
     if not (isinstance(self.min_lr_ratio, (int, float)) and 0.0 <= self.min_lr_ratio < 1.0):
       raise _fail("train.min_lr_ratio", self.min_lr_ratio, "0 <= ratio < 1 (of the peak)")
     if self.schedule == "inverse_sqrt" and self.warmup_steps <= 0:
-      raise _fail("train.warmup_steps", self.warmup_steps, "> 0 with schedule='inverse_sqrt' "
-                  "(its decay is measured from the warm-up's end)")
+      raise _fail("train.warmup_steps", self.warmup_steps, "> 0 with schedule='inverse_sqrt'")
     decay_start = self.num_steps - int(round(self.decay_fraction * self.num_steps))
     if self.schedule == "wsd" and decay_start < self.warmup_steps:
-      raise _fail("train.decay_fraction", self.decay_fraction,
-                  f"a share whose decay starts after the warm-up ({self.warmup_steps} steps) "
-                  f"within num_steps={self.num_steps}")
+      raise _fail("train.decay_fraction", self.decay_fraction, f"a share whose decay starts "
+                  f"after the warm-up ({self.warmup_steps} of {self.num_steps} steps)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +316,19 @@ def _init_settings(c: ml_collections.ConfigDict, data: dict) -> InitSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProfileSettings:
+  """`config.profile`: jax.profiler traces of chosen steps (train/profiling)."""
+  steps: tuple = ()  # (start, end): steps start..end-1; () = none planned
+  on_demand_steps: int = 5  # steps traced when <workdir>/PROFILE appears
+
+  def __post_init__(self):
+    if self.steps and not (len(self.steps) == 2 and all(_is_int(s) for s in self.steps)
+                           and 0 <= self.steps[0] < self.steps[1]):
+      raise _fail("profile.steps", self.steps, "() or (start, end) with 0 <= start < end")
+    _positive_int("profile.on_demand_steps", self.on_demand_steps)
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
   data: DataSettings
   masking: MaskingSettings
@@ -330,6 +341,7 @@ class Settings:
   requested_dtype: str = ""  # config.model.dtype as given ('auto' before resolving)
   init: InitSettings = InitSettings()  # --config.init_from ('' = from scratch)
   probe: ProbeSettings = ProbeSettings()  # config.probe (no tasks = no probes)
+  profile: ProfileSettings = ProfileSettings()  # config.profile
 
   @property
   def objective(self) -> str:
@@ -431,5 +443,7 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
       data=data_settings(c),
       masking=MaskingSettings(**c.masking.to_dict()),
       model=model, optimizer=optimizer, train=train, mesh=MeshSettings(**c.mesh.to_dict()),
-      run=run, config_json=c.to_json(), requested_dtype=requested_dtype, init=init, probe=probe)
+      run=run, config_json=c.to_json(), requested_dtype=requested_dtype, init=init, probe=probe,
+      profile=ProfileSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in
+                                 c.get("profile", ml_collections.ConfigDict()).items()}))
 

@@ -28,6 +28,7 @@ from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState, check_same_data, checkpoint_dir
 from bert_jax.settings import Settings
 from bert_jax.train.steps import TrainSteps, make_steps  # noqa: F401  (tests and tools import it here too)
+from bert_jax.train.profiling import StepProfiler
 from bert_jax.train.watchdog import Watchdog
 
 
@@ -92,7 +93,8 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
       console.warn(note)
     loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state, probes.RunProbes(
         s.probe, list(probe_tasks), steps.bert_config, tok, s.run.seed),
-        Watchdog(s.run.watchdog_s, workdir, s.run.watchdog_exit))
+        Watchdog(s.run.watchdog_s, workdir, s.run.watchdog_exit),
+        StepProfiler(s.profile.steps, s.profile.on_demand_steps, workdir))
     ev = _train(s, loop, ckpts, reporter, fresh_source, source.fresh_heads if source else ())
     ckpts.finish_save()
     ckpts.close()

@@ -37,6 +37,7 @@ from bert_jax.settings import Phase, Settings
 from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.train.steps import TrainSteps, summarize
 from bert_jax.train.throughput import Interval, Throughput
+from bert_jax.train.profiling import StepProfiler
 from bert_jax.train.watchdog import Watchdog
 
 
@@ -45,13 +46,15 @@ class TrainLoop:
 
   def __init__(self, settings: Settings, steps: TrainSteps, ckpts: RunCheckpoints,
                prepared: Prepared, reporter: Reporter, signals: StopSignals, state: RunState,
-               probes: Optional[Any] = None, watchdog: Optional[Watchdog] = None):
+               probes: Optional[Any] = None, watchdog: Optional[Watchdog] = None,
+               profiler: Optional[StepProfiler] = None):
     self.s, self.steps, self.ckpts, self.prepared = settings, steps, ckpts, prepared
     self.reporter, self.signals, self.state = reporter, signals, state
     # config.probe.tasks, probed after every evaluation: eval/training_probes.RunProbes
     # (given by the trainer: the loop knows no evaluation beyond its own).
     self.probes = probes
     self.watchdog = watchdog or Watchdog(0, "")  # config.watchdog_s (train/watchdog)
+    self.profiler = profiler or StepProfiler((), 1, "")  # config.profile (train/profiling)
     self.throughput = Throughput(settings, steps.bert_config, jax.devices()[0].device_kind,
                                  jax.device_count())
     self.compile_s: dict[int, float] = {}  # phase index -> time of its first step
@@ -142,6 +145,7 @@ class TrainLoop:
             st.position = 0  # the next phase starts at its first batch
     finally:
       bar.close()
+      self.profiler.close()
     if (line := self.summary()) is not None:
       console.log(line)
 
@@ -158,11 +162,14 @@ class TrainLoop:
         # This host's real tokens times the hosts: an estimate on several hosts, exact on one.
         interval.real_tokens += float(np.sum(local.input_mask_BxL)) * jax.process_count()
         batch = sharding.global_batch(local, self.steps.mesh)
-        with self.watchdog.paused() if first else contextlib.nullcontext():  # compiles
+        self.profiler.before_step(st.step)
+        with self.watchdog.paused() if first else contextlib.nullcontext(), \
+            self.profiler.annotate(st.step):  # the first step compiles
           st.params, st.opt_state, metrics = step_fn(
               st.params, st.opt_state, jnp.int32(st.step), batch)
         st.step += 1
         self.watchdog.beat(st.step)
+        self.profiler.after_step(st.step, metrics)
         self._pending.append(metrics)
         workdir_lock.check_held()  # a bucket lease another run took over: write nothing more
         if first:  # compiles: timed on its own, left out of the rates
@@ -186,6 +193,7 @@ class TrainLoop:
         if logs:
           self._log_train(phase, bar, self._pending, interval)
           self._pending, self._observed = [], 0
+          self.profiler.check_request(st.step)  # <workdir>/PROFILE
         if saves:
           self._save(phase, it.position)
         self.stop_if_requested(phase=phase, position=it.position)

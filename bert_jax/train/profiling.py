@@ -1,0 +1,104 @@
+"""Profiles of a running run's steps (`config.profile`), at chosen steps or on demand.
+
+  config.profile.steps=(1000,1010)   steps 1000..1009 traced, once
+  touch <workdir>/PROFILE            the next `profile.on_demand_steps` steps (5), seen at
+                                     the next log point; a number in the file asks for that
+                                     many. The file is removed when the capture starts.
+
+A capture is a `jax.profiler` trace in `<workdir>/tensorboard/plugins/profile/<time>/`:
+TensorBoard's profile plugin (`tensorboard --logdir <workdir>/tensorboard`, the Profile
+tab) and Perfetto (`*.trace.json.gz`) read it; each step is a `train` step annotation.
+On a bucket workdir the trace is written locally and uploaded when it ends. Off, it
+costs one flag test per step and one look for the file per log interval.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any, Optional
+
+import jax
+
+from bert_jax import console
+from bert_jax.storage import fs
+
+REQUEST_FILE = "PROFILE"
+
+
+class StepProfiler:
+
+  def __init__(self, steps: tuple, on_demand_steps: int, workdir: str):
+    self.planned = tuple(steps)  # (start, end) or ()
+    self.on_demand_steps = on_demand_steps
+    self.workdir = workdir
+    self.end: Optional[int] = None  # while tracing: the step it stops after
+    self._local: Optional[str] = None
+    self.captures: list[str] = []  # where each finished trace went
+
+  @property
+  def active(self) -> bool:
+    return self.end is not None
+
+  def annotate(self, step: int):
+    """The context a step is dispatched in: a step annotation while tracing."""
+    if self.active:
+      return jax.profiler.StepTraceAnnotation("train", step_num=step)
+    return _NULL
+
+  def before_step(self, step: int) -> None:
+    """Starts the planned capture if `step` (about to run) is its first."""
+    if not self.active and self.planned and step == self.planned[0]:
+      self._start(step, self.planned[1])
+
+  def after_step(self, step: int, metrics: Any) -> None:
+    """Stops a capture whose last step was `step`, once it has run."""
+    if self.active and step >= self.end:
+      jax.block_until_ready(metrics)
+      self._stop()
+
+  def check_request(self, step: int) -> None:
+    """At a log point: `<workdir>/PROFILE` asks for the next steps."""
+    path = fs.join(self.workdir, REQUEST_FILE)
+    if self.active or not fs.exists(path):
+      return
+    text = fs.read_text(path).strip()
+    fs.remove(path)
+    n = int(text) if text.isdigit() and int(text) > 0 else self.on_demand_steps
+    self._start(step, step + n)
+
+  def close(self) -> None:
+    if self.active:
+      self._stop()
+
+  def _start(self, step: int, end: int) -> None:
+    tb = fs.join(self.workdir, "tensorboard")
+    self._local = tempfile.mkdtemp(prefix="bert_jax-profile-") if fs.is_gcs(tb) else tb
+    jax.profiler.start_trace(self._local, create_perfetto_trace=False)
+    self.end = end
+    console.log(f"profile: tracing steps {step}..{end - 1}")
+
+  def _stop(self) -> None:
+    jax.profiler.stop_trace()
+    self.end = None
+    tb = fs.join(self.workdir, "tensorboard")
+    where = tb
+    if self._local != tb:  # a bucket: upload what was written
+      for path in fs.find(self._local):
+        fs.upload(path, fs.join(tb, os.path.relpath(path, self._local)))
+      shutil.rmtree(self._local, ignore_errors=True)
+    self.captures.append(where)
+    console.log(f"profile: trace written to {fs.join(where, 'plugins', 'profile')} "
+                "(TensorBoard's Profile tab, or Perfetto: *.trace.json.gz)")
+
+
+class _Null:
+  def __enter__(self):
+    return None
+
+  def __exit__(self, *exc):
+    return False
+
+
+_NULL = _Null()
