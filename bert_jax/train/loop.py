@@ -260,6 +260,8 @@ class TrainLoop:
       post["seq_s"] = f"{m['sequences_per_sec']:.0f}"
     if "mfu" in m:
       post["mfu"] = f"{m['mfu']:.1%}"
+    if "memory_peak_gib" in m:  # TPU, GPU: the largest peak over this process's devices
+      post["mem"] = f"{m['memory_peak_gib']:.1f}G"
     bar.set_postfix(post)
     self._check_nonfinite(m["nonfinite_streak"])
 

@@ -80,19 +80,21 @@ class Throughput:
            "model_flops_per_sec": n_steps * step_flops / seconds}
     if self.peak:
       out["mfu"] = out["model_flops_per_sec"] / (self.peak * self.device_count)
-    return out
+    return out | device_memory()
 
   def note(self) -> str:
     """The start-up line: FLOPs per sequence, and the peak MFU is measured against."""
     per_seq = ", ".join(f"{self.flops_per_step(ph) / self.s.train.batch_size / 1e9:.3g} "
                         f"GFLOP per sequence at length {ph.seq_len}"
                         for ph in self.s.train.phases)
+    memory = ("; device memory in use and peak per train row" if device_memory() else
+              "; device memory: this platform reports none (CPUs do not)")
     if self.peak:
       return (f"throughput: {per_seq} (model FLOPs, 3x forward); MFU against the dense bfloat16 "
               f"peak of {self.device_count} x {self.device_kind} "
-              f"({self.peak / 1e12:.0f} TFLOP/s each)")
+              f"({self.peak / 1e12:.0f} TFLOP/s each){memory}")
     return (f"throughput: {per_seq} (model FLOPs, 3x forward); MFU left out: no known peak "
-            f"FLOP/s for device kind {self.device_kind!r}")
+            f"FLOP/s for device kind {self.device_kind!r}{memory}")
 
   def summary(self) -> Optional[str]:
     """Average rates of this session's timed steps; None before any was timed."""
@@ -105,3 +107,22 @@ class Throughput:
             f"({t['real_tokens'] / sec:.0f} real), {t['flops'] / sec / 1e12:.3g} model TFLOP/s"
             + (f", MFU {t['flops'] / sec / (self.peak * self.device_count):.1%}"
                if self.peak else ""))
+
+
+def device_memory() -> dict:
+  """This process's devices' memory, the largest over them, in GiB: in use now and the
+  peak since start (`device.memory_stats()`: TPU and GPU report it, CPU does not: {})."""
+  import jax  # pylint: disable=import-outside-toplevel  (the rest of this module needs none)
+  stats = [d.memory_stats() for d in jax.local_devices()]
+  stats = [s for s in stats if s and "bytes_in_use" in s]
+  if not stats:
+    return {}
+  gib = 1024**3
+  out = {"memory_in_use_gib": max(s["bytes_in_use"] for s in stats) / gib}
+  peaks = [s["peak_bytes_in_use"] for s in stats if "peak_bytes_in_use" in s]
+  if peaks:
+    out["memory_peak_gib"] = max(peaks) / gib
+  limits = [s["bytes_limit"] for s in stats if "bytes_limit" in s]
+  if limits:
+    out["memory_limit_gib"] = min(limits) / gib
+  return out
