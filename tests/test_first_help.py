@@ -64,8 +64,8 @@ def test_the_installed_train_command_outside_the_repo_shows_and_takes_its_own_co
                  capture_output=True, timeout=300, cwd=str(tmp_path))
   env = {**soak_kill.subprocess_env(), "PYTHONPATH": str(site)}
   run = lambda *args: subprocess.run(
-      [sys.executable, "-c", "import sys; from bert_jax.commands import train; "
-       "sys.argv[0] = 'bert-jax-train'; train()", *args], cwd=str(tmp_path),
+      [sys.executable, "-c", "import sys; from bert_jax.commands import launch; "
+       "sys.argv[0] = 'bert-jax-train'; launch.train()", *args], cwd=str(tmp_path),
       capture_output=True, text=True, env=env, timeout=120)
   usage = run("--help")
   assert usage.returncode == 0, usage.stderr[-2000:]
