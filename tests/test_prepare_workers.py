@@ -112,7 +112,7 @@ def test_a_part_of_one_document_yields_no_examples_and_is_still_a_part(tmp_path,
 
 
 def _prepare_in_subprocess(text: str, cache: str, workers: int) -> subprocess.Popen:
-  code = ("import sys; sys.path.insert(0, %r)\n"
+  code = ("import sys; sys.path[:0] = [%r, %r]\n"  # the repo, and tests/ (its helpers)
           "from bert_jax.data import dataset\n"
           "from bert_jax.errors import BertJaxError\n"
           "from tests.test_prepare_workers import settings\n"
@@ -120,7 +120,7 @@ def _prepare_in_subprocess(text: str, cache: str, workers: int) -> subprocess.Po
           "  dataset.prepare(settings(%r, num_workers=%d, dupe_factor=20), [64], %r, seed=0)\n"
           "except BertJaxError as e:\n"  # as train.py reports it
           "  print(f'error: {e}', file=sys.stderr); sys.exit(2)\n"
-          % (ROOT, text, workers, cache))
+          % (ROOT, os.path.join(ROOT, "tests"), text, workers, cache))
   env = {**os.environ, "BERT_JAX_PREPARE_PART_BYTES": "150000"}
   return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
