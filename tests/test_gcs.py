@@ -311,32 +311,6 @@ def test_kill_9_mid_save_and_anywhere_then_resume_on_a_bucket_equals_the_local_r
   assert _complete_steps(server, "killed-run") == soak_kill.complete_steps(local_reference)
 
 
-@pytest.mark.slow
-def test_a_server_that_stops_mid_run_is_one_line_and_the_resume_is_exact(
-    server, local_reference, tmp_path):
-  env = {**soak_kill.subprocess_env(), "BERT_JAX_GCS_RETRIES": "0",
-         "BERT_JAX_LOCK_LEASE_S": "2"}
-  args = _gcs_args("gs://bkt/outage", str(tmp_path / "prepared"))
-  mirror = _mirror(server, "outage")
-  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  try:
-    soak_kill.wait_for_step(proc, mirror, 5)
-    server.stop()
-    _, err = proc.communicate(timeout=600)
-  finally:
-    server.start() if server._proc is None else None  # pylint: disable=protected-access
-    if proc.poll() is None:
-      proc.kill()
-  errors = _errors(err)
-  assert proc.returncode == 2 and len(errors) == 1, err[-3000:]
-  assert "gs://bkt/outage" in errors[0] and "Traceback" not in err.split(errors[0])[-1]
-  time.sleep(2.5)  # its lease expires
-  soak_kill.run_to_end(args, env)
-  diffs = soak_kill.differences(local_reference, mirror)
-  assert not diffs, diffs
-
-
 def _upload_checkpoints(workdir: str, bucket_workdir: str, tmp_path) -> None:
   """A local run's checkpoints, uploaded to the bucket, each step and item folder marked
   complete as Orbax marks them on GCS (its commit file)."""

@@ -46,7 +46,7 @@ def test_planned_steps_are_traced(tmp_path):
 @pytest.mark.slow
 def test_touching_profile_in_a_running_run_traces_its_next_steps(tmp_path):
   workdir = str(tmp_path / "run")
-  args = soak_kill.tiny_args(workdir, str(tmp_path / "prepared"), 200,
+  args = soak_kill.tiny_args(workdir, str(tmp_path / "prepared"), 80,
                              **{"profile.on_demand_steps": 3})
   proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args],
                           env=soak_kill.subprocess_env(), stdout=subprocess.PIPE,
