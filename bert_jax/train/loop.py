@@ -185,7 +185,7 @@ class TrainLoop:
           bar.update(1)
         logs = st.step % self.s.run.log_every == 0 or st.step == phase.end
         saves = st.step % self.s.run.checkpoint_every == 0 or st.step == self.s.train.num_steps
-        if logs or saves:
+        if logs or (saves and self.spikes.on):  # a save waits for no step unless judged
           jax.block_until_ready(metrics)  # the clock is read when the steps are done
           in_flight.clear()
           if self._rolled_back(phase, interval, bar):  # before a row or checkpoint of it

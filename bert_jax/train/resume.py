@@ -154,6 +154,15 @@ class RunCheckpoints:
   def latest_step(self) -> Optional[int]:
     return self.mngr.latest_step()
 
+  def all_steps(self) -> list[int]:
+    return sorted(self.mngr.all_steps())
+
+  def delete_after(self, step: int) -> None:
+    """Deletes the checkpoints newer than `step` (a rollback: they must not be resumed)."""
+    for newer in self.all_steps():
+      if newer > step:
+        self.mngr.delete(newer)
+
   def restore_latest(self) -> Optional[RunState]:
     """The newest readable checkpoint's state; None if there is none.
 

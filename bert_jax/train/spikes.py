@@ -109,14 +109,13 @@ def roll_back(spike: Spike, detector: SpikeDetector, max_rollbacks: int, phase: 
                          f"(config.train.spike_rollback.max_rollbacks={max_rollbacks}); "
                          f"stopped; the newest checkpoint is step {ckpts.latest_step()}")
   ckpts.finish_save()
-  good = [s for s in ckpts.mngr.all_steps() if phase.start <= s < spike.first]
+  good = [s for s in ckpts.all_steps() if phase.start <= s < spike.first]
   if not good:
     raise NonFiniteError(f"{what}; no checkpoint of this phase before step {spike.first} to "
                          "roll back to; stopped: expected a checkpoint before the spike "
                          "(lower config.checkpoint_every or raise config.keep_checkpoints)")
   back = max(good)
-  for newer in sorted(s for s in ckpts.mngr.all_steps() if s > back):
-    ckpts.mngr.delete(newer)  # written during the spike: a resume must not start there
+  ckpts.delete_after(back)  # written during the spike: a resume must not start there
   restored = ckpts.restore(back)
   skipped = state.step - back
   state.step, state.params, state.opt_state = back, restored.params, restored.opt_state
