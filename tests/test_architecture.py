@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+import architecture_doc
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "bert_jax")
 MAX_MODULE_LINES = 450
@@ -199,18 +201,22 @@ def test_folders_import_only_down_the_folder_order():
   assert not _climbs(_trees(), FOLDER_ORDER)
 
 
-def test_architecture_md_lists_every_module_of_every_folder():
+def test_architecture_md_tables_are_the_module_docstrings():
   # Each folder's section of docs/ARCHITECTURE.md ("## <folder>/...") has a table whose
-  # rows name its modules: a module added, moved or removed without the doc fails here.
-  with open(os.path.join(REPO, "docs", "ARCHITECTURE.md"), encoding="utf-8") as f:
+  # rows are its modules and their docstrings' first sentences (tests/architecture_doc.py
+  # writes them): a module added, moved, removed or re-described without the doc fails.
+  with open(architecture_doc.DOC, encoding="utf-8") as f:
     doc = f.read()
-  sections = dict(re.findall(r"(?m)^## (\w+)/:[^\n]*\n(.*?)(?=^## |\Z)", doc, re.S))
-  for folder in FOLDER_ORDER:
-    assert folder in sections, f"docs/ARCHITECTURE.md has no '## {folder}/' section"
-    listed = set(re.findall(r"(?m)^\| `(\w+)\.py` \|", sections[folder]))
-    files = {m.rsplit(".", 1)[1] for m in _in(f"bert_jax.{folder}")
-             if m != f"bert_jax.{folder}"}
-    assert listed == files, (folder, sorted(listed ^ files))
+  assert set(architecture_doc.sections(doc)) == set(FOLDER_ORDER), "a '## <folder>/' section"
+  assert architecture_doc.generated(doc) == doc, (
+      "docs/ARCHITECTURE.md's tables differ from the docstrings: run "
+      "`python tests/architecture_doc.py`")
+
+
+def test_every_module_of_a_folder_has_a_docstring():
+  missing = [m for m in _modules() if m.count(".") >= 2 and not m.endswith("__main__")
+             and not architecture_doc.summary(_modules()[m])]
+  assert not missing, missing
 
 
 def test_architecture_md_draws_the_folder_order_and_lists_the_top_level():

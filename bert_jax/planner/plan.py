@@ -1,4 +1,4 @@
-"""Ahead-of-time plans: compile a run's steps for some devices and read what they need.
+"""Ahead-of-time plans: a run's steps, built as the trainer builds them, compiled for some devices, and what they need.
 
 `make_plan(settings, devices)` builds the steps exactly as train.py does
 (`train.steps.make_steps`: same settings, mesh, shardings, dtype, remat, gradient
