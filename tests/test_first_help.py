@@ -40,15 +40,14 @@ def test_plan_help_exits_0_not_the_does_not_fit_status():
   assert proc.returncode == 0 and "--topology" in proc.stdout
 
 
-def test_a_config_by_name_resolves_to_the_shipped_file(tmp_path):
-  from bert_jax.commands import train as train_cli  # pylint: disable=import-outside-toplevel
+def test_a_config_by_name_resolves_to_the_shipped_file(tmp_path, monkeypatch):
+  from bert_jax.commands import config_args  # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(tmp_path)
   (tmp_path / "mine.py").write_text("")
-  argv = ["train.py", "--config", "base", "--config=large", "--config",
-          str(tmp_path / "mine.py"), "--workdir", "tiny"]
-  out = train_cli.resolve_config_names(argv)
-  assert out[2] == os.path.join(ROOT, "configs", "base.py")
-  assert out[3] == "--config=" + os.path.join(ROOT, "configs", "large.py")
-  assert out[4:] == argv[4:]  # a file stays a file; other flags' values are not configs
+  (tmp_path / "large").write_text("")  # a file of that name here is that file
+  assert config_args.config_path("base") == os.path.join(ROOT, "configs", "base.py")
+  assert config_args.config_path("large") == "large"
+  assert config_args.config_path(str(tmp_path / "mine.py")) == str(tmp_path / "mine.py")
 
 
 @pytest.mark.slow

@@ -136,9 +136,9 @@ def test_help_exits_0_and_lists_config_fields_with_defaults_and_meanings():
 
 def test_every_config_field_has_a_meaning():
   from bert_jax import default_config
-  from bert_jax.commands import train as train_cli
-  meanings = train_cli.config_meanings()
-  fields = [k for k, _ in train_cli._config_fields(default_config.get_config())]
+  from bert_jax.commands import config_args
+  meanings = config_args.config_meanings()
+  fields = [k for k, _ in config_args.config_fields(default_config.get_config())]
   assert [k for k in fields if not meanings.get(k)] == []
 
 

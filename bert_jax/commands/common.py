@@ -1,10 +1,9 @@
 """What every bert-jax command shares: flags that fail in one line, one error wording.
 
-train and plan read a config with absl + ml_collections (`--config.FIELD=VALUE`,
-bert_jax.commands.train); the other commands (features, convert, probe, finetune)
-take plain flags through `Parser`. Both end the same way on bad input:
-one `error: ...` line on stderr and exit status 2, nothing written; Ctrl-C is
-`interrupted` and 130.
+Every command parses its flags with `Parser` (argparse); train and plan add a
+config file and its `--config.FIELD=VALUE` overrides to theirs (commands/config_args).
+All end the same way on bad input: one `error: ...` line on stderr and exit
+status 2, nothing written; Ctrl-C is `interrupted` and 130.
 """
 
 import argparse
@@ -22,10 +21,14 @@ class _DefaultsShown(argparse.HelpFormatter):
 
   def _get_help_string(self, action):
     text = action.help or ""
-    if (action.default not in (None, False, argparse.SUPPRESS) and "default" not in text
-        and action.option_strings):
+    if (action.default not in (None, "", argparse.SUPPRESS) and not isinstance(
+        action.default, bool) and "default" not in text and action.option_strings):
       text += f" (default: {action.default})"
     return text
+
+
+class DocShown(_DefaultsShown, argparse.RawDescriptionHelpFormatter):
+  """A command's module docstring as its help's description, line breaks kept."""
 
 
 class Parser(argparse.ArgumentParser):

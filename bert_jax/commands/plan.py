@@ -16,26 +16,35 @@ Exit codes: 0 every step fits; 1 some step does not fit; 2 bad input (one
 `error: ...` line, nothing written).
 """
 
+import argparse
 import os
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
-
 from bert_jax import console, settings as settings_lib
-from bert_jax.commands import common
+from bert_jax.commands import common, config_args
+from bert_jax.commands.train import add_help, parse
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.storage import fs
-from bert_jax.commands.train import (HELP_ARGS, PACKAGE_DIR, flag_error, parse_flags,
-                                     resolve_config_names)
 
-flags.DEFINE_string("topology", "", "TPU slice to compile for (e.g. v4-8, v5e-16, v5p-8, "
-                    "v6e-8, or libtpu's v4:2x2x1); '' = this machine's devices.")
-flags.DEFINE_string("json", "", "Also write the plan to this JSON file.")
-flags.DEFINE_bool("search", True, "When a train step does not fit, search the largest "
-                  "per-device batch and the config changes that fit (a few more compiles).")
-flags.DEFINE_bool("eval", True, "Also compile the eval step of each phase.")
-FLAGS = flags.FLAGS
+
+def _parser(default_config: str) -> argparse.ArgumentParser:
+  p = common.Parser(prog="python -m bert_jax.plan", add_help=False,
+                    description=__doc__.strip(), formatter_class=common.DocShown)
+  config_args.add_config(p, default_config)
+  p.add_argument("--topology", default="",
+                 help="TPU slice to compile for (e.g. v4-8, v5e-16, v5p-8, v6e-8, or libtpu's "
+                 "v4:2x2x1); '' = this machine's devices")
+  p.add_argument("--json", default="", help="also write the plan to this JSON file")
+  p.add_argument("--search", action="store_true", default=True,
+                 help="when a train step does not fit, search the largest per-device batch "
+                 "and the config changes that fit (a few more compiles; the default)")
+  p.add_argument("--nosearch", dest="search", action="store_false", help="no fit search")
+  p.add_argument("--eval", action="store_true", default=True,
+                 help="also compile the eval step of each phase (the default)")
+  p.add_argument("--noeval", dest="eval", action="store_false",
+                 help="compile the train steps only")
+  add_help(p)
+  return p
 
 
 def run_plan(config, topology_name: str = "", json_path: str = "", search: bool = True,
@@ -70,35 +79,19 @@ def run_plan(config, topology_name: str = "", json_path: str = "", search: bool 
   return plan
 
 
-def _main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+def cli() -> None:
+  """`bert-jax-plan`: the package's default config unless --config is given. Exits 0 when
+  every step fits, 1 when one does not, 2 on bad input."""
+  args, config = parse(_parser(os.path.join(config_args.PACKAGE_DIR, "default_config.py")),
+                       sys.argv[1:])
+  from absl import logging  # pylint: disable=import-outside-toplevel
+  logging.set_verbosity(logging.WARNING)
   try:
-    plan = run_plan(FLAGS.config, FLAGS.topology, FLAGS.json, FLAGS.search, FLAGS.eval)
+    plan = run_plan(config, args.topology, args.json, args.search, args.eval)
   except BertJaxError as e:
-    print(f"error: {e}", file=sys.stderr)
+    print(common.error_line(e), file=sys.stderr)
     sys.exit(2)
   sys.exit(0 if plan.fits else 1)
-
-
-def cli() -> None:
-  """`bert-jax-plan`: the package's default config unless --config is given."""
-  default = os.path.join(PACKAGE_DIR, "default_config.py")
-  sys.argv[:] = resolve_config_names(sys.argv)
-  try:
-    config_flags.DEFINE_config_file("config", default, "Config file (ml_collections).",
-                                    lock_config=True)
-  except (AttributeError, KeyError) as e:
-    flag_error(e)
-  if any(a in HELP_ARGS for a in sys.argv[1:]):  # absl's own help exits 1: "does not fit"
-    parse_flags([sys.argv[0]] + [a for a in sys.argv[1:] if a not in HELP_ARGS])
-    full = "--helpfull" in sys.argv[1:]
-    common.write_stdout(__doc__.strip() + "\n\nflags:\n" + (
-        FLAGS.get_help() if full else FLAGS.module_help(__name__)) + "\n")
-    sys.exit(0)
-  app.run(_main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":
