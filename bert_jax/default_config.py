@@ -72,6 +72,9 @@ def _data() -> ml_collections.ConfigDict:
   # Example streams: batch = one sub-batch per stream (parts p % streams), each its own
   # shuffle. Host-local caches: a multiple of the process count (docs/training.md).
   c.streams = 1
+  # With objective 'mlm': several documents' spans per row, attention kept inside each
+  # document (data/packing.py); far less padding on short documents.
+  c.packing = False
   c.extend_vocab = 0  # with init_from: add up to N whole words of the corpus as new WordPieces
   c.cache_dir = ""  # '' = <workdir>/prepared; prepared data is reused from here
   return c

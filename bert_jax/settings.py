@@ -2,10 +2,9 @@
 
 `from_config` is the only code of the package that reads a ConfigDict. Every
 check of a config value lives here and fails with one line naming the
-`--config.` field and what was expected, before anything is written. Lower
-modules take the typed settings they need (`DataSettings` for data
-preparation, `OptimizerSettings` for the optimizer, a `BertConfig` for the
-model), never the whole config.
+`--config.` field and what was expected, before anything is written. Lower modules
+take the settings they need (`DataSettings`, `OptimizerSettings`, a `BertConfig`),
+never the whole config.
 """
 
 from __future__ import annotations
@@ -60,6 +59,7 @@ class DataSettings:
   num_workers: int = 0  # 0 = the host's usable cores; not part of the data's key
   streams: int = 1  # example streams (parts p with p % streams == s): how batches are drawn
   objective: str = "mlm+nsp"  # `config.objective`: which examples are made
+  packing: bool = False  # 'mlm' rows hold several documents' spans (data/packing)
 
   @property
   def eval_passes(self) -> int:
@@ -70,6 +70,9 @@ class DataSettings:
     if self.objective not in pretraining_data.OBJECTIVES:
       raise _fail("objective", self.objective,
                   f"one of {', '.join(map(repr, pretraining_data.OBJECTIVES))}")
+    if self.packing not in (True, False) or (self.packing and self.objective != "mlm"):
+      raise _fail("data.packing", self.packing, "True only with --config.objective='mlm' (a "
+                  "row of NSP/SOP is one sentence pair: nothing to pack), or False")
     if not 0.0 < self.eval_fraction < 1.0:
       raise _fail("data.eval_fraction", self.eval_fraction, "a fraction in (0, 1)")
     if self.max_eval_examples < 0:
@@ -92,11 +95,11 @@ class DataSettings:
       raise _fail("data.vocab_sample_bytes", self.vocab_sample_bytes, ">= 1")
     if not self.vocab_file and self.vocab_size < 1:
       raise _fail("data.vocab_size", self.vocab_size, "a positive integer")
-    if self.vocab_file and not self.vocab_file.startswith("gs://") and not os.path.isfile(
-        self.vocab_file):  # one in a bucket is checked when it is copied to this host
-      what = "is a directory" if os.path.isdir(self.vocab_file) else "does not exist or is not a file"
-      raise ConfigError(f"--config.data.vocab_file: '{self.vocab_file}' {what}; expected a "
-                        "vocab.txt file (one token per line)")
+    v = self.vocab_file  # one in a bucket is checked when it is copied to this host
+    if v and not v.startswith("gs://") and not os.path.isfile(v):
+      raise ConfigError(f"--config.data.vocab_file: '{v}' " + ("is a directory" if os.path.isdir(
+          v) else "does not exist or is not a file") + "; expected a vocab.txt file (one token "
+          "per line)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,9 +361,8 @@ def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps:
   """Splits `num_steps` into phases by fraction (the last one ends at num_steps)."""
   fractions, seq_lens, preds = tuple(fractions), tuple(seq_lens), tuple(max_predictions)
   if not (len(fractions) == len(seq_lens) == len(preds)) or not fractions:
-    raise ConfigError(
-        "--config.train.phase_fractions, seq_lens and max_predictions: expected tuples "
-        f"of one equal length, got {fractions}, {seq_lens}, {preds}")
+    raise ConfigError("--config.train.phase_fractions, seq_lens and max_predictions: expected "
+                      f"tuples of one equal length, got {fractions}, {seq_lens}, {preds}")
   if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
     raise _fail("train.phase_fractions", fractions, "positive fractions summing to 1")
   for name, values in (("seq_lens", seq_lens), ("max_predictions", preds)):
@@ -369,9 +371,8 @@ def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps:
   out, start, acc = [], 0, 0.0
   for i, (f, seq_len, p) in enumerate(zip(fractions, seq_lens, preds)):
     if seq_len > max_positions:
-      raise ConfigError(
-          f"--config.train.seq_lens[{i}]={seq_len} is above "
-          f"--config.model.max_position_embeddings={max_positions}; expected at most that")
+      raise ConfigError(f"--config.train.seq_lens[{i}]={seq_len} is above --config.model."
+                        f"max_position_embeddings={max_positions}; expected at most that")
     if seq_len < MIN_SEQ_LEN or not 0 < p <= seq_len:
       raise ConfigError(f"--config.train.seq_lens[{i}]={seq_len}, max_predictions[{i}]={p}: "
                         f"expected seq_len >= {MIN_SEQ_LEN} and 0 < max_predictions <= seq_len")

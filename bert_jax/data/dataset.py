@@ -12,8 +12,7 @@ in parts, by as many workers and hosts as there are, and reuse it on later runs.
 
 Layout under `cache_dir`:
 
-  <key>/                  `Prepared.directory`; key = hash of the settings
-    settings.json         what the data was made from (for people)
+  <key>/                  `Prepared.directory`; key = hash of the settings.json there
     stats.json            counts: documents, sentences, tokens, repaired input, examples
     tokenizer/            vocab.txt + tokenizer_config.json; seq<L>/: info.json + shards
   .<key>.parts-seq<L>/    while preparing: tokenizer/, part-<i>/ (complete parts only)
@@ -347,8 +346,9 @@ def _settings(c: DataSettings, seed: int) -> dict:
       "eval_fraction": float(c.eval_fraction),
       "max_eval_examples": int(c.max_eval_examples),
       "seed": int(seed),
-      # Absent for the default, so data prepared before objectives existed stays valid.
+      # Absent for the defaults, so data prepared before these options existed stays valid.
       **({"objective": c.objective} if c.objective != "mlm+nsp" else {}),
+      **({"packing": True} if c.packing else {}),
       "blocks": {"split_documents": w.SPLIT_BLOCK_DOCUMENTS, "split_chars": w.SPLIT_BLOCK_CHARS,
                  "window_documents": w.WINDOW_DOCUMENTS, "window_tokens": w.WINDOW_TOKENS,
                  **_part_size(c, fingerprint)},

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from bert_jax.data import corpus, prep_parts, pretraining_data
+from bert_jax.data import corpus, packing, prep_parts, pretraining_data
 from bert_jax.data.prep_store import HEADER, owner, shard_path, write_json
 from bert_jax.data.prep_check import writable
 from bert_jax.data.tokenizer import Tokenizer
@@ -355,9 +355,11 @@ class _PartWriter:
              pretraining_data.document_spans(window, l, c.short_seq_prob, passes, rng,
                                              c.objective))
     while block := list(itertools.islice(spans, SPANS_PER_BLOCK)):
-      if limit is not None:
-        block = block[:limit - writer.count]
       rows = _rows(window.tokens_T, np.asarray(block, np.int64), l, self.tokenizer, self.dtype)
+      if c.packing:
+        rows = packing.pack(rows, l)
+      if limit is not None:
+        rows = rows[:limit - writer.count]
       writer.write_rows(rows)
       writer.tokens += int(rows[:, 1].sum(dtype=np.int64))
       self._maybe_report()

@@ -210,10 +210,11 @@ class Embeddings(nn.Module):
     self.LayerNorm = LayerNorm(c)
     self.dropout = Dropout(c.dropout_rate, c.dropout_rng)
 
-  def __call__(self, ids_BxL, segments_BxL, deterministic: bool):
-    positions_L = jnp.arange(ids_BxL.shape[1])
-    x_BxLxD = (self.word_embeddings(ids_BxL)
-               + self.position_embeddings(positions_L)[None]
+  def __call__(self, ids_BxL, segments_BxL, deterministic: bool, positions_BxL=None):
+    # Positions 0..L-1 in every row, unless a packed row restarts them per document.
+    pos_x = (self.position_embeddings(jnp.arange(ids_BxL.shape[1]))[None]
+             if positions_BxL is None else self.position_embeddings(positions_BxL))
+    x_BxLxD = (self.word_embeddings(ids_BxL) + pos_x
                + self.token_type_embeddings(segments_BxL))
     return self.dropout(self.LayerNorm(x_BxLxD), deterministic=deterministic)
 
@@ -320,6 +321,20 @@ class TransformerLayer(nn.Module):
         x_BxLxD + drop(o_BxLxD, deterministic=deterministic))
 
 
+def packed_layout(documents_BxL, mask_BxL):
+  """(attention bias [B, 1, L, L], positions [B, L]) of packed rows: a query attends to
+  the real keys of its own document only (block-diagonal), and positions count from
+  each document's first token, as in the document's own unpacked row."""
+  same_BxLxL = ((documents_BxL[:, :, None] == documents_BxL[:, None, :])
+                & (mask_BxL[:, None, :] > 0))
+  bias_Bx1xLxL = jnp.where(same_BxLxL, 0.0, -1e9).astype(jnp.float32)[:, None]
+  index_L = jnp.arange(documents_BxL.shape[1])
+  first_BxL = jnp.concatenate([jnp.ones_like(documents_BxL[:, :1], bool),
+                               documents_BxL[:, 1:] != documents_BxL[:, :-1]], axis=1)
+  start_BxL = jax.lax.cummax(jnp.where(first_BxL, index_L[None], 0), axis=1)
+  return bias_Bx1xLxL, (index_L[None] - start_BxL).astype(jnp.int32)
+
+
 class BertModel(nn.Module):
   """The encoder: embeddings, `num_layers` Transformer blocks, tanh pooler."""
   config: BertConfig
@@ -335,10 +350,17 @@ class BertModel(nn.Module):
                            bias_init=zeros_init(("mlp",)))
 
   def __call__(self, ids_BxL, segments_BxL, mask_BxL, deterministic: bool = True,
-               output_hidden_states: bool = False) -> BertOutput:
+               output_hidden_states: bool = False, documents_BxL=None) -> BertOutput:
+    """`documents_BxL` (packed rows, data/packing): each token's document, non-decreasing
+    along a row; attention stays inside a document and positions restart at its start.
+    The bias below is then [B, 1, L, L] rather than [B, 1, 1, L]; every attention path
+    broadcasts it alike (cuDNN's key-length mask cannot say it: BertConfig refuses)."""
     # Additive attention bias: padded keys get a large negative score.
     bias_Bx1x1xL = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
-    x_BxLxD = self.embeddings(ids_BxL, segments_BxL, deterministic)
+    positions_BxL = None
+    if documents_BxL is not None:
+      bias_Bx1x1xL, positions_BxL = packed_layout(documents_BxL, mask_BxL)
+    x_BxLxD = self.embeddings(ids_BxL, segments_BxL, deterministic, positions_BxL)
     hidden = [x_BxLxD]
     for layer in self.layers:
       x_BxLxD = layer(x_BxLxD, bias_Bx1x1xL, deterministic)
@@ -365,10 +387,11 @@ class BertForPreTraining(nn.Module):
                         bias_init=zeros_init((None,)))
 
   def __call__(self, ids_BxL, segments_BxL, mask_BxL, positions_BxP,
-               deterministic: bool = True, output_hidden_states: bool = False
-               ) -> PreTrainingOutput:
+               deterministic: bool = True, output_hidden_states: bool = False,
+               documents_BxL=None) -> PreTrainingOutput:
     c = self.config
-    enc = self.bert(ids_BxL, segments_BxL, mask_BxL, deterministic, output_hidden_states)
+    enc = self.bert(ids_BxL, segments_BxL, mask_BxL, deterministic, output_hidden_states,
+                    documents_BxL)
     # Gather the masked positions first: the vocabulary projection, the
     # largest matmul, then runs on P rows per sequence instead of L.
     h_BxPxD = jnp.take_along_axis(enc.sequence_BxLxD, positions_BxP[..., None], axis=1)

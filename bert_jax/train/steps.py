@@ -46,7 +46,7 @@ class TrainSteps:
                masking_settings: MaskingSettings, special_ids: list[int], mask_id: int,
                mesh: Mesh, param_sharding: str = "replicated", grad_accum_steps: int = 1,
                seed: int = 0, is_continuation_V: Optional[np.ndarray] = None,
-               objective: str = "mlm+nsp"):
+               objective: str = "mlm+nsp", packed: bool = False):
     if objective not in HEAD_TASK:
       raise ConfigError(f"--config.objective={objective!r}: expected one of "
                         f"{', '.join(OBJECTIVES)}")
@@ -61,6 +61,13 @@ class TrainSteps:
     self.grad_accum_steps = grad_accum_steps
     self.mask_prob = masking_settings.mask_prob
     self.special_ids = list(special_ids)
+    # Packed rows (data/packing): each [CLS] starts a document. special_ids is the
+    # tokenizer's [PAD], [UNK], [CLS], [SEP], [MASK].
+    self.cls_id = self.special_ids[2] if packed else None
+    if packed and bert_config.attention_kernel == "cudnn":
+      raise ConfigError("--config.data.packing=True with --config.model.attention_kernel="
+                        "'cudnn': expected 'einsum' or 'jax' (cuDNN's key-length mask cannot "
+                        "keep attention inside each document)")
     self.mask_id = mask_id
     self.is_continuation = (jnp.asarray(is_continuation_V) if masking_settings.whole_word
                             else None)
@@ -95,10 +102,13 @@ class TrainSteps:
         mask_prob=self.mask_prob, is_continuation_V=self.is_continuation)
 
   def _sums(self, params, batch: Batch, masked, dropout_key, deterministic):
+    documents_BxL = None
+    if self.cls_id is not None:  # from the ids before masking: it may draw [CLS] at random
+      documents_BxL = jnp.cumsum(batch.input_ids_BxL == self.cls_id, axis=1, dtype=jnp.int32)
     with precision.target_platform(self.platform):  # the mixed dots' layout
       out = self.model.apply(
           {"params": params}, masked.ids_BxL, batch.segment_ids_BxL, batch.input_mask_BxL,
-          masked.positions_BxP, deterministic=deterministic,
+          masked.positions_BxP, deterministic=deterministic, documents_BxL=documents_BxL,
           rngs=None if deterministic else {"dropout": dropout_key})
     return (losses.mlm_sums(out.mlm_logits_BxPxV, masked.labels_BxP, masked.weights_BxP),
             losses.nsp_sums(out.nsp_logits_Bx2, batch.next_sentence_label_B,
@@ -243,4 +253,4 @@ def make_steps(s: Settings, vocab_size: int, special_ids: list[int], mask_id: in
     sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
   return TrainSteps(s.model_config(vocab_size), s.optimizer, s.masking, special_ids, mask_id,
                     mesh, s.mesh.param_sharding, s.train.grad_accum_steps, s.run.seed,
-                    is_continuation_V, objective=s.objective)
+                    is_continuation_V, objective=s.objective, packed=s.data.packing)
