@@ -169,6 +169,13 @@ def _train() -> ml_collections.ConfigDict:
   c.spike_rollback.patience = 3  # spiking steps in a row that trigger a rollback
   c.spike_rollback.window = 100  # steps of the running mean (none judged before it fills)
   c.spike_rollback.max_rollbacks = 3  # then stop with one line
+  # Batch-size warm-up: the global batch starts at `start` and grows to batch_size over
+  # `steps` steps, in `stages` sizes (multiples of the data-parallel width; each size
+  # compiles once). Data position and learning rate follow the step. 0 = off.
+  c.batch_ramp = ml_collections.ConfigDict()
+  c.batch_ramp.start = 0  # the global batch at step 0, e.g. 32; 0 = off
+  c.batch_ramp.steps = 0  # steps until batch_size
+  c.batch_ramp.stages = 4  # sizes below batch_size, each held steps / stages steps
   # Two-phase sequence length: fraction of steps, max length, max predictions.
   c.phase_fractions = (0.9, 0.1)  # fraction of num_steps in each phase
   c.seq_lens = (128, 512)  # sequence length of each phase

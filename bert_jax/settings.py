@@ -19,25 +19,15 @@ import ml_collections
 from bert_jax import default_config
 from bert_jax.data import corpus, pretraining_data
 from bert_jax.errors import ConfigError
+from bert_jax.options import (  # noqa: F401  (re-exported: settings' names)
+    PROBE_POOLINGS, BatchRampSettings, ProbeSettings, ProfileSettings, SpikeSettings,
+    fail as _fail, is_int as _is_int, positive_int as _positive_int)
 from bert_jax.model.config import BertConfig
 
 MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] plus room to mask something
 OPTIMIZERS = ("adamw", "lamb")  # `config.train.optimizer`; optim.make_optimizer builds them
 SCHEDULES = ("linear", "cosine", "wsd", "inverse_sqrt")  # `config.train.schedule` (train/schedules)
 DECAY_SHAPES = ("linear", "cosine", "sqrt")  # `config.train.decay_shape`, of a wsd schedule
-
-
-def _fail(field: str, value: Any, expected: str) -> ConfigError:
-  return ConfigError(f"--config.{field}={value!r}: expected {expected}")
-
-
-def _is_int(v: Any) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _positive_int(field: str, v: Any) -> None:
-  if not _is_int(v) or v <= 0:
-    raise _fail(field, v, "a positive integer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,21 +171,6 @@ class Phase:
 
 
 @dataclasses.dataclass(frozen=True)
-class SpikeSettings:
-  """`config.train.spike_rollback`: roll back when the loss spikes (train/spikes)."""
-  factor: float = 0.0  # 0: off
-  patience: int = 3
-  window: int = 100
-  max_rollbacks: int = 3
-
-  def __post_init__(self):
-    if not (isinstance(self.factor, (int, float)) and (self.factor == 0 or self.factor > 1)):
-      raise _fail("train.spike_rollback.factor", self.factor, "0 (off) or a number > 1")
-    for name in ("patience", "window", "max_rollbacks"):
-      _positive_int(f"train.spike_rollback.{name}", getattr(self, name))
-
-
-@dataclasses.dataclass(frozen=True)
 class TrainSettings:
   """The rest of `config.train`: batch, accumulation, phases, the NaN/inf limit."""
   batch_size: int
@@ -203,6 +178,7 @@ class TrainSettings:
   max_consecutive_nonfinite: int
   phases: tuple[Phase, ...]
   spike: SpikeSettings = SpikeSettings()
+  ramp: BatchRampSettings = BatchRampSettings()
 
   @property
   def num_steps(self) -> int:
@@ -247,34 +223,6 @@ class RunSettings:
       raise _fail("eval_batches", self.eval_batches, "an integer >= 0 (0 = the whole eval split)")
 
 
-PROBE_POOLINGS = ("mean", "cls", "pooler")  # bert_jax.features.extract's, less per-token 'none'
-
-
-@dataclasses.dataclass(frozen=True)
-class ProbeSettings:
-  """`config.probe`: linear probes (bert_jax.eval.probe) of the parameters at every eval."""
-  tasks: tuple = ()
-  layers: tuple = (-1,)
-  pooling: str = "mean"
-  max_examples: int = 0  # per split; 0 = all
-  data_dir: str = ""
-
-  def __post_init__(self):
-    if (not isinstance(self.tasks, (tuple, list))
-        or not all(isinstance(t, str) and t.strip() for t in self.tasks)):
-      raise _fail("probe.tasks", self.tasks, "a tuple of task names or directories, e.g. "
-                  "\"('word_order',)\" (bert_jax.eval.tasks), or () for none")
-    if (not isinstance(self.layers, (tuple, list)) or not self.layers
-        or not all(_is_int(x) for x in self.layers)):
-      raise _fail("probe.layers", self.layers, "a tuple of layer indices such as (-1,)")
-    if self.pooling not in PROBE_POOLINGS:
-      raise _fail("probe.pooling", self.pooling, f"one of {', '.join(map(repr, PROBE_POOLINGS))}")
-    if not _is_int(self.max_examples) or (self.max_examples and self.max_examples < 5):
-      raise _fail("probe.max_examples", self.max_examples, "0 (every example) or an integer >= 5")
-    if not isinstance(self.data_dir, str):
-      raise _fail("probe.data_dir", self.data_dir, "a directory path, or ''")
-
-
 # The model's shape and numerics, which a run with --config.init_from takes from its source.
 SOURCE_MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "intermediate_size",
                        "max_position_embeddings", "type_vocab_size", "gelu_approximate",
@@ -316,19 +264,6 @@ def _init_settings(c: ml_collections.ConfigDict, data: dict) -> InitSettings:
     overrides.append(("data.lowercase", data["lowercase"]))
   return InitSettings(os.path.expanduser(path) if path else "", extend,
                       tuple(overrides) if path else ())
-
-
-@dataclasses.dataclass(frozen=True)
-class ProfileSettings:
-  """`config.profile`: jax.profiler traces of chosen steps (train/profiling)."""
-  steps: tuple = ()  # (start, end): steps start..end-1; () = none planned
-  on_demand_steps: int = 5  # steps traced when <workdir>/PROFILE appears
-
-  def __post_init__(self):
-    if self.steps and not (len(self.steps) == 2 and all(_is_int(s) for s in self.steps)
-                           and 0 <= self.steps[0] < self.steps[1]):
-      raise _fail("profile.steps", self.steps, "() or (start, end) with 0 <= start < end")
-    _positive_int("profile.on_demand_steps", self.on_demand_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -436,7 +371,11 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
       max_consecutive_nonfinite=t.max_consecutive_nonfinite,
       phases=phases(t.phase_fractions, t.seq_lens, t.max_predictions, t.num_steps,
                     max_positions),
-      spike=SpikeSettings(**t.get("spike_rollback", ml_collections.ConfigDict()).to_dict()))
+      spike=SpikeSettings(**t.get("spike_rollback", ml_collections.ConfigDict()).to_dict()),
+      ramp=BatchRampSettings(**t.get("batch_ramp", ml_collections.ConfigDict()).to_dict()))
+  if train.ramp.start and not train.ramp.start < t.batch_size:
+    raise _fail("train.batch_ramp.start", train.ramp.start,
+                f"0 (off) or a global batch below --config.train.batch_size={t.batch_size}")
   run = RunSettings(**_fields(RunSettings, c))
   probe = ProbeSettings(**{k: tuple(v) if isinstance(v, list) else v
                            for k, v in c.get("probe", ml_collections.ConfigDict()).items()})

@@ -9,16 +9,19 @@ chapter lives in its own module: `settings`, `data_setup`, `steps`,
 import contextlib
 import json
 import os
+import time
+from typing import Optional
 
 import jax
 import ml_collections
 import numpy as np
 
 from bert_jax import console, settings as settings_lib
+from bert_jax.data import batch_ramp
 from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.storage import fs
 from bert_jax.model import precision
-from bert_jax.train import compile_cache, data_setup, init_from
+from bert_jax.train import compile_cache, data_setup, goodput, init_from
 from bert_jax.errors import ConfigError
 from bert_jax.eval import training_probes as probes
 from bert_jax.train.eval_report import describe_eval
@@ -46,11 +49,15 @@ def _check_workdir(workdir: str) -> None:
     path = os.path.dirname(path)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       started: Optional[float] = None) -> dict:
   """Pre-trains from `config` in `workdir`, resuming from its latest checkpoint.
 
-  Returns the final evaluation metrics.
+  Returns the final evaluation metrics. `started`: when this session began, for its
+  goodput (train/goodput); the command passes its process's start, a caller in Python
+  defaults to now.
   """
+  ledger_start = time.time() if started is None else started
   s = settings_lib.from_config(config)  # fail before anything is written
   # --config.init_from: the source's shape, vocabulary and lowercasing (checked, nothing written).
   source = init_from.resolve(s) if s.init.path else None
@@ -61,12 +68,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   _enable_compile_cache(s.run.compile_cache_dir)
   mesh = sharding.make_mesh(s.mesh.model_parallel)
   sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
+  t = s.train  # a batch-size warm-up's first size must shard as the target does
+  batch_ramp.of(t.ramp.start, t.batch_size, t.ramp.steps, t.ramp.stages,
+                sharding.batch_unit(mesh, t.grad_accum_steps))
   # One run per workdir: a second one stops here, before writing anything.
   with workdir_lock.hold(workdir, jax.process_index()):
-    return _run(s, workdir, mesh, source, probe_tasks)
+    ledger = goodput.Ledger(workdir, jax.process_index() == 0, ledger_start)
+    return _run(s, workdir, mesh, source, probe_tasks, ledger)
 
 
-def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
+def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
+         ledger: Optional[goodput.Ledger] = None) -> dict:
   """The run's story in order: data, steps, restore or start, loop, final eval, report."""
   check_same_data(s, workdir)  # before preparing anything: a refused run writes nothing
   prepared, ext = _prepare(s, workdir, source)
@@ -79,6 +91,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
       "lowercase": tok.lowercase, "seed": s.run.seed, "config": json.loads(s.config_json)})
   reporter = Reporter(workdir)
   signals = StopSignals().install()
+  ledger = ledger or goodput.Ledger(workdir, jax.process_index() == 0, time.time())
   try:
     state, fresh_source = _restore_or_start(s, ckpts, steps, source, ext)
     if (done := _stored_final_eval(s, state.step, reporter)) is not None:
@@ -91,19 +104,25 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=()) -> dict:
     reporter.truncate(-1 if fresh_source else state.step)  # records of steps this run will redo
     if (note := reporter.skipped_warning()) is not None:
       console.warn(note)
+    ledger.restored(state.step)
     loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state, probes.RunProbes(
         s.probe, list(probe_tasks), steps.bert_config, tok, s.run.seed),
         Watchdog(s.run.watchdog_s, workdir, s.run.watchdog_exit),
-        StepProfiler(s.profile.steps, s.profile.on_demand_steps, workdir))
+        StepProfiler(s.profile.steps, s.profile.on_demand_steps, workdir), ledger)
     ev = _train(s, loop, ckpts, reporter, fresh_source, source.fresh_heads if source else ())
-    ckpts.finish_save()
+    with ledger.timed("checkpoint"):
+      ckpts.finish_save()
     ckpts.close()
+    total = ledger.total()  # every session of this workdir
+    reporter.write("goodput", state.step, total)
+    console.log(goodput.describe(total))
   except BaseException:
     ckpts.abandon()  # an interrupted run still finishes the checkpoint it started
     raise
   finally:
     signals.uninstall()
     reporter.close()
+    ledger.flush()  # also when stopped: the time up to here is this session's
   plot = reporter.plot(state.step, [ph.start for ph in s.train.phases[1:]])
   console.log(f"final eval @ step {state.step}: {describe_eval(ev)}")
   # The workdir as the user gave it, like the other two (Orbax's own path is absolute).

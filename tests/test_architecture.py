@@ -87,6 +87,7 @@ RULES = [
     ("bert_jax.data", JAX, "text -> examples -> batches is host code: no JAX"),
     ("bert_jax.model.config", JAX, "settings and data read the model's shape without JAX"),
     ("bert_jax.settings", JAX, "the config is checked before JAX is imported"),
+    ("bert_jax.options", JAX, "the config is checked before JAX is imported"),
     ("bert_jax.model", ("optax", "orbax", "bert_jax.parallel", "bert_jax.planner", "bert_jax.train",
                       "bert_jax.io"),
      "the model knows no optimizer, mesh, checkpoint or loop"),
@@ -109,12 +110,13 @@ def test_import_rule(prefix, forbidden, why):
 
 
 def test_every_module_is_in_a_folder_with_rules_or_tells_the_run_story():
-  # The top level holds the run's story (settings, trainer, errors, console) and the
-  # commands' `python -m` names; everything else lives in a subpackage.
+  # The top level holds the run's story (settings, options, trainer, errors, console)
+  # and the commands' `python -m` names; everything else lives in a subpackage.
   top = {m for m, path in _modules().items()
          if m.count(".") == 1 and not path.endswith("__init__.py")}
-  allowed = {"bert_jax.settings", "bert_jax.default_config", "bert_jax.trainer",
-             "bert_jax.errors", "bert_jax.console", *(f"bert_jax.{c}" for c in ALIASES)}
+  allowed = {"bert_jax.settings", "bert_jax.options", "bert_jax.default_config",
+             "bert_jax.trainer", "bert_jax.errors", "bert_jax.console",
+             *(f"bert_jax.{c}" for c in ALIASES)}
   assert top <= allowed, sorted(top - allowed)
 
 
@@ -149,9 +151,10 @@ def test_package_never_imports_configs_or_tools():
 FOLDER_ORDER = ("storage", "data", "model", "io", "parallel", "features", "train", "eval",
                 "planner", "commands")
 # Top-level modules any folder may import: what every layer shares at the edge (errors,
-# the console, typed settings, the default config). The other top-level modules tell a
-# run's story (trainer) or name a command: only commands/, at the top, imports them.
-EDGE = ("errors", "console", "settings", "default_config")
+# the console, typed settings and options, the default config). The other top-level
+# modules tell a run's story (trainer) or name a command: only commands/, at the top,
+# imports them.
+EDGE = ("errors", "console", "settings", "options", "default_config")
 TOP = "commands"  # above the story too
 
 

@@ -13,9 +13,9 @@ from bert_jax.io import checkpointing
 from bert_jax.commands import probe as probe_cli
 from bert_jax.eval import logreg, probe, tasks, word_order
 from bert_jax.features.extract import Extractor
-from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import init_params
 from bert_jax.data.tokenizer import SPECIAL_TOKENS, Tokenizer
+import tiny_run
 
 
 def _problem(seed, n=600, d=20, k=4, noise=2.0, sample=0):
@@ -137,8 +137,7 @@ def test_ridge_equals_sklearn_and_probe_picks_alpha():
 # Whole words of the held-out text, so no word is [UNK] and order is all that differs.
 WORDS = sorted({w for s in word_order.read_sentences() for w in s.split()} | {"cat", "dog"})
 VOCAB = list(SPECIAL_TOKENS) + WORDS
-CONFIG = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_layers=2, num_heads=4,
-                    intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=16)
+CONFIG = tiny_run.bert_config(len(VOCAB))
 
 
 @pytest.fixture(scope="module")

@@ -17,18 +17,16 @@ from bert_jax.commands import features as features_cli
 from bert_jax.features import extract as features
 from bert_jax.io import checkpointing
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import BertForPreTraining, BertModel
 from bert_jax.data.tokenizer import SPECIAL_TOKENS, Tokenizer
+import tiny_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ("the cat dog sat on a mat and ran to house tree bird sang loud quiet "
          "river flows past old stone bridge under grey sky rain fell all day long "
          "children played in park while their parents talked about weather").split()
 VOCAB = list(SPECIAL_TOKENS) + WORDS + ["##s", "##ed", "##ing", ".", ","]
-CONFIG = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_layers=2, num_heads=4,
-                    intermediate_size=64, max_position_embeddings=64,
-                    vocab_pad_multiple=16)
+CONFIG = tiny_run.bert_config(len(VOCAB))
 
 
 def _texts(n, seed=0, max_words=50):

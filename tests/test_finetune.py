@@ -16,12 +16,12 @@ from bert_jax.eval import classifier, finetune, finetune_report, tasks
 from bert_jax.model.config import BertConfig
 from bert_jax.model.bert import init_params
 from bert_jax.data.tokenizer import SPECIAL_TOKENS
+import tiny_run
 
 WORDS = ("the cat dog sat on a mat and ran to house tree bird sang loud quiet "
          "river flows past old stone bridge").split()
 VOCAB = list(SPECIAL_TOKENS) + WORDS
-CONFIG = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_layers=1, num_heads=4,
-                    intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=16)
+CONFIG = tiny_run.bert_config(len(VOCAB), num_layers=1)
 OTHERS = [w for w in WORDS if w != "cat"]
 # A tiny random model needs a larger step than BERT's 2e-5..5e-5 to learn in 48 steps.
 LR, EPOCHS, BATCH = 3e-3, 6, 32

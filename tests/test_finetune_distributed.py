@@ -14,16 +14,15 @@ import pytest
 from bert_jax.data.tokenizer import SPECIAL_TOKENS
 from bert_jax.io import checkpointing
 from bert_jax.model.bert import init_params
-from bert_jax.model.config import BertConfig
 import multiprocess_runs as multiprocess
+import tiny_run
 
 pytestmark = pytest.mark.slow  # fine-tunes in subprocesses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = "the cat dog sat on a mat and ran to house tree bird sang loud quiet".split()
 VOCAB = list(SPECIAL_TOKENS) + WORDS
-CONFIG = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_layers=1, num_heads=4,
-                    intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=16)
+CONFIG = tiny_run.bert_config(len(VOCAB), num_layers=1)
 FLAGS = ["--learning_rates", "3e-3", "--seeds", "0,1", "--epochs", "6", "--batch_size", "32",
          "--eval_batch_size", "32", "--no_progress"]
 

@@ -21,6 +21,7 @@ from bert_jax.model import losses
 from bert_jax.model.bert import BertForPreTraining, BertModel
 from bert_jax.model.config import BertConfig
 from bert_jax.settings import DataSettings
+import soak_kill
 import tiny_run
 from test_prepare_workers import prepared_bytes
 
@@ -187,3 +188,22 @@ def test_a_packed_run_computes_on_real_tokens(tmp_path):
     assert np.isfinite(rows[-1]["mlm_loss"])
   # The toy corpus's documents are two short sentences: most of an unpacked row is padding.
   assert share[True] > 0.8 and share[False] < 0.4, share
+
+
+@pytest.mark.parametrize("resume_at", [4, 8, 12])  # inside phase 0, the boundary, phase 1
+def test_a_packed_two_phase_run_resumes_exactly(tmp_path_factory, resume_at):
+  import shutil  # pylint: disable=import-outside-toplevel
+  from bert_jax.trainer import train_and_evaluate  # pylint: disable=import-outside-toplevel
+  base = tmp_path_factory.getbasetemp() / "packed_resume"
+  config = lambda: soak_kill.tiny_config(str(base / "prepared"), 16, 2, **{
+      "objective": "mlm", "data.packing": True, "keep_checkpoints": soak_kill.KEEP_ALL})
+  reference = base / "reference"
+  if not reference.exists():  # one uninterrupted run for the three cases
+    train_and_evaluate(config(), str(reference))
+  workdir = base / f"resume_at_{resume_at}"
+  shutil.copytree(reference, workdir)
+  for step in soak_kill.complete_steps(str(workdir)):
+    if step > resume_at:
+      shutil.rmtree(workdir / "checkpoints" / str(step))
+  train_and_evaluate(config(), str(workdir))
+  assert soak_kill.differences(str(reference), str(workdir)) == []

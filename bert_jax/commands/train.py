@@ -23,6 +23,7 @@ from bert_jax.commands import common, config_args
 from bert_jax.commands.config_args import PACKAGE_DIR
 from bert_jax.parallel import startup
 from bert_jax.errors import BertJaxError, ConfigError, Preempted, Terminated
+from bert_jax.train import goodput
 from bert_jax.trainer import train_and_evaluate
 
 HELP_ARGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
@@ -96,7 +97,8 @@ def _train(args: argparse.Namespace, config) -> None:
     # Until training installs its own handler (checkpoint, then stop), SIGTERM stops
     # what is under way (preparing data, compiling) as Ctrl-C does.
     signal.signal(signal.SIGTERM, _terminated)
-    train_and_evaluate(config, args.workdir)
+    # The session's goodput counts from the process's start: imports and start-up too.
+    train_and_evaluate(config, args.workdir, started=goodput.process_start_time())
   except Preempted as e:  # SIGTERM/SIGINT during training: checkpointed, resumable
     _last_line(f"interrupted: {e}")
     sys.exit(128 + e.signum)  # 143 for SIGTERM, 130 for SIGINT, as the shell reports them

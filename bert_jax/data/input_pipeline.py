@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.errors import ConfigError, CorpusError
+from bert_jax.data.batch_ramp import BatchRamp
 from bert_jax.data.pretraining_data import FEATURES, Batch
 
 
@@ -83,7 +84,8 @@ class _Sampler:
   """
 
   def __init__(self, source: Any, global_batch_size: int, local: int, offset: int, seed: int,
-               streams: Streams | None = None):
+               streams: Streams | None = None, ramp: tuple | None = None):
+    self.ramp = ramp  # (BatchRamp, first step, process index, process count)
     self.source = source
     self.n = len(source)
     self.global_batch_size = global_batch_size
@@ -97,6 +99,11 @@ class _Sampler:
   def batch_indices(self, batch: int) -> np.ndarray:
     if self.streams is not None:
       return self._stream_indices(batch)
+    if self.ramp is not None:  # batch b is step first + b, of that step's size
+      ramp, first, index, count = self.ramp
+      local = ramp.size(first + batch) // count
+      start = ramp.examples_before(first + batch) - ramp.examples_before(first)
+      return self._draw(0, self.n, start + index * local + np.arange(local, dtype=np.int64))
     flat = batch * self.global_batch_size + self.offset + np.arange(self.local, dtype=np.int64)
     return self._draw(0, self.n, flat)
 
@@ -188,6 +195,10 @@ class TrainIterator:
   so hosts read disjoint data whose union is the global batch. `prefetch`
   batches are read ahead on a background thread (0 = read on demand).
 
+  With `ramp` (a batch-size warm-up, data/batch_ramp), batch b is step
+  `first_step` + b of the run, of that step's global size G_s, and its stream items
+  start after the items of the phase's earlier steps: the same slicing with G_s.
+
   With `per_host`, `source` holds only this host's examples (host-local parts,
   see dataset.Share): the host's stream is its own, epoch e the permutation of
   its examples drawn from (seed, host, e), and global batch b is every host's
@@ -205,8 +216,16 @@ class TrainIterator:
   def __init__(self, source: Any, global_batch_size: int, seed: int, process_index: int = 0,
                process_count: int = 1, start_batch: int = 0, prefetch: int = 2,
                per_host: bool = False, streams: int = 1,
-               parts: Sequence[tuple[int, int]] | None = None):
+               parts: Sequence[tuple[int, int]] | None = None,
+               ramp: BatchRamp | None = None, first_step: int = 0):
     local = _check_hosts(global_batch_size, process_index, process_count)
+    if ramp is not None:
+      if per_host or streams != 1:
+        raise ConfigError("--config.train.batch_ramp with host-local parts or "
+                          "--config.data.streams > 1: expected one of them only (their "
+                          "batches are fixed slices of each host's or stream's data)")
+      for size in ramp.sizes():
+        _check_hosts(size, process_index, process_count)
     if start_batch < 0:
       raise ConfigError(f"start_batch must be >= 0, got {start_batch}")
     if len(source) == 0:
@@ -218,7 +237,8 @@ class TrainIterator:
       layout = None if streams == 1 else _streams(source, global_batch_size, streams,
                                                   process_index * local, local, parts)
       self._sampler = _Sampler(source, global_batch_size, local, process_index * local,
-                               int(seed), layout)
+                               int(seed), layout, ramp and (ramp, int(first_step),
+                                                            process_index, process_count))
     self._position = int(start_batch)
     self._prefetch = int(prefetch)
     self._queue: queue.Queue | None = None
@@ -233,6 +253,10 @@ class TrainIterator:
   @property
   def epoch(self) -> float:
     """Passes over the data consumed so far (fractional)."""
+    if self._sampler.ramp is not None:
+      ramp, first = self._sampler.ramp[:2]
+      return (ramp.examples_before(first + self._position)
+              - ramp.examples_before(first)) / self._sampler.n
     return self._position * self._sampler.global_batch_size / self._sampler.n
 
   @property

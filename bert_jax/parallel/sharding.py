@@ -5,6 +5,7 @@ is (data, model) over every device of every host; data parallel by default,
 parameters optionally sharded over the data axis too ('fsdp').
 """
 
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -72,6 +73,12 @@ def check_batch(global_batch: int, mesh: Mesh, grad_accum_steps: int = 1) -> Non
     raise ConfigError(
         f"config.train.batch_size={global_batch}: expected a multiple of the "
         f"{jax.process_count()} processes")
+
+
+def batch_unit(mesh: Mesh, grad_accum_steps: int = 1) -> int:
+  """What every global batch must be a multiple of: the data-parallel devices times the
+  accumulation steps, and the processes (check_batch)."""
+  return math.lcm(mesh.shape[DATA] * grad_accum_steps, jax.process_count())
 
 
 def global_batch(local: Any, mesh: Mesh) -> Any:

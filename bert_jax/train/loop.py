@@ -25,12 +25,12 @@ import numpy as np
 from tqdm import tqdm
 
 from bert_jax import console
-from bert_jax.data import input_pipeline
+from bert_jax.data import batch_ramp, input_pipeline
 from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.data.dataset import Prepared
 from bert_jax.errors import NonFiniteError, Preempted
 from bert_jax.train.preemption import StopSignals
-from bert_jax.train import spikes
+from bert_jax.train import goodput, spikes
 from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.settings import Phase, Settings
@@ -47,7 +47,8 @@ class TrainLoop:
   def __init__(self, settings: Settings, steps: TrainSteps, ckpts: RunCheckpoints,
                prepared: Prepared, reporter: Reporter, signals: StopSignals, state: RunState,
                probes: Optional[Any] = None, watchdog: Optional[Watchdog] = None,
-               profiler: Optional[StepProfiler] = None):
+               profiler: Optional[StepProfiler] = None,
+               ledger: Optional[goodput.Ledger] = None):
     self.s, self.steps, self.ckpts, self.prepared = settings, steps, ckpts, prepared
     self.reporter, self.signals, self.state = reporter, signals, state
     # config.probe.tasks, probed after every evaluation: eval/training_probes.RunProbes
@@ -55,6 +56,8 @@ class TrainLoop:
     self.probes = probes
     self.watchdog = watchdog or Watchdog(0, "")  # config.watchdog_s (train/watchdog)
     self.profiler = profiler or StepProfiler((), 1, "")  # config.profile (train/profiling)
+    self.ledger = ledger or goodput.Ledger("", False, time.time())  # where the time goes
+    self._waits = 0.0  # data waits and saves inside the timed interval: not productive
     self.throughput = Throughput(settings, steps.bert_config, jax.devices()[0].device_kind,
                                  jax.device_count())
     self.compile_s: dict[int, float] = {}  # phase index -> time of its first step
@@ -65,6 +68,9 @@ class TrainLoop:
     sp = settings.train.spike  # config.train.spike_rollback
     self.spikes = spikes.SpikeDetector(sp.factor, sp.patience, sp.window)
     self.spikes.load(state.spike)
+    t = settings.train  # config.train.batch_ramp: each step's global batch (data/batch_ramp)
+    self.ramp = batch_ramp.of(t.ramp.start, t.batch_size, t.ramp.steps, t.ramp.stages,
+                              sharding.batch_unit(steps.mesh, t.grad_accum_steps))
     self._pending: list = []  # the metrics of the steps since the last log point
     self._observed = 0  # how many of them the spike detector has seen
 
@@ -107,13 +113,15 @@ class TrainLoop:
     ev = self.steps.evaluate(self.state.params, self.eval_batches(phase),
                              phase.max_predictions, self.s.run.eval_batches)
     self.eval_s += time.perf_counter() - t0
+    self.ledger.add("eval", time.perf_counter() - t0)
     return ev
 
   def probe(self, step: int) -> None:
     """Probes the current parameters (config.probe.tasks) and logs them as step `step`."""
     if not self.probes:
       return
-    m = self.probes.run(self.state.params)
+    with self.ledger.timed("eval"):
+      m = self.probes.run(self.state.params)
     self.reporter.write("probe", step, m)
     console.log(f"probe @ {step}: {self.probes.describe(m)}")
 
@@ -133,6 +141,7 @@ class TrainLoop:
 
   def train(self) -> None:
     run, st = self.s.run, self.state
+    self.ledger.loop_starts()
     if st.step < self.s.train.num_steps:
       console.log(self.throughput.note())
     bar = tqdm(total=self.s.train.num_steps, initial=st.step, unit="step", dynamic_ncols=True,
@@ -158,10 +167,8 @@ class TrainLoop:
     interval, first = Interval(st.step), True
     with it:
       while st.step < phase.end:
-        local = next(it)
-        # This host's real tokens times the hosts: an estimate on several hosts, exact on one.
-        interval.real_tokens += float(np.sum(local.input_mask_BxL)) * jax.process_count()
-        batch = sharding.global_batch(local, self.steps.mesh)
+        batch = self._next_batch(it, interval)
+        first = first or self._new_batch_size(st.step, phase)
         self.profiler.before_step(st.step)
         with self.watchdog.paused() if first else contextlib.nullcontext(), \
             self.profiler.annotate(st.step):  # the first step compiles
@@ -174,8 +181,11 @@ class TrainLoop:
         workdir_lock.check_held()  # a bucket lease another run took over: write nothing more
         if first:  # compiles: timed on its own, left out of the rates
           jax.block_until_ready(metrics)
-          self.compile_s[phase.index] = time.perf_counter() - interval.start
+          compile_s = time.perf_counter() - interval.start - self._waits
+          self.compile_s[phase.index] = self.compile_s.get(phase.index, 0.0) + compile_s
+          self.ledger.add("compile", compile_s)
           interval.restart(st.step)
+          self._waits = 0.0
           first = False
           _restart_rate(bar, st.step)  # the bar's rate and estimate leave the compile out
         else:
@@ -206,6 +216,22 @@ class TrainLoop:
           interval.resume()
           bar.unpause()  # nor does an evaluation or a probe count as time per step
 
+  def _next_batch(self, it: input_pipeline.TrainIterator, interval: Interval):
+    """The next global batch; the wait for it, its real tokens and sequences counted."""
+    t0 = time.perf_counter()
+    local = next(it)
+    self._wait("data_wait", time.perf_counter() - t0)
+    # This host's real tokens times the hosts: an estimate on several hosts, exact on one.
+    interval.real_tokens += float(np.sum(local.input_mask_BxL)) * jax.process_count()
+    interval.sequences += len(local.input_ids_BxL) * jax.process_count()
+    return sharding.global_batch(local, self.steps.mesh)
+
+  def _new_batch_size(self, step: int, phase: Phase) -> bool:
+    """A batch-size warm-up's next size at `step`: the step compiles again, and is timed
+    apart as a phase's first step is."""
+    return (self.ramp is not None and step > phase.start
+            and self.ramp.size(step) != self.ramp.size(step - 1))
+
   def _iterator(self, phase: Phase) -> input_pipeline.TrainIterator:
     # A run restored inside this phase continues at the data position it saved; one
     # restored exactly at the phase's start (a checkpoint at the previous phase's last
@@ -217,7 +243,7 @@ class TrainLoop:
         process_count=jax.process_count(),
         start_batch=st.position if st.step > phase.start else 0,
         per_host=self.prepared.local is not None and not self.prepared.local.streams,
-        streams=self.s.data.streams)
+        streams=self.s.data.streams, ramp=self.ramp, first_step=phase.start)
 
   def _spike(self) -> Optional[spikes.Spike]:
     """Feeds the detector the losses of the steps it has not seen; a completed spike."""
@@ -238,19 +264,31 @@ class TrainLoop:
       spikes.roll_back(spike, self.spikes, self.s.train.spike.max_rollbacks, phase,
                        self.state, self.ckpts, self.reporter)
     self._pending, self._observed = [], 0
-    interval.restart(self.state.step)
+    interval.restart(self.state.step)  # the spike's steps: time to "other"
+    self._waits = 0.0
     _restart_rate(bar, self.state.step)
     return True
 
   def _save(self, phase: Phase, position: int) -> None:
     self.state.spike = self.spikes.state()  # the detector as of this step, for a resume
+    t0 = time.perf_counter()
     with self.watchdog.paused():  # waits for the previous save
       self.ckpts.save(self.state, phase, position)
+    self._wait("checkpoint", time.perf_counter() - t0)
+
+  def _wait(self, category: str, seconds: float) -> None:
+    self.ledger.add(category, seconds)
+    self._waits += seconds
 
   def _log_train(self, phase: Phase, bar: tqdm, pending: list, interval: Interval) -> None:
     """Writes the interval's train metrics and rates; updates the bar; checks NaN streaks."""
     step = self.state.step
-    m = _train_metrics(pending) | self.throughput.rates(*interval.close(step), phase)
+    seconds, n_steps, real_tokens, sequences = interval.close(step)
+    m = _train_metrics(pending) | self.throughput.rates(seconds, n_steps, real_tokens,
+                                                        sequences, phase)
+    self.ledger.steps_done(step, n_steps, seconds - self._waits)
+    self._waits = 0.0
+    self.ledger.flush()
     self._last_train_loss = m["loss"]
     self.reporter.write("train", step, m)
     post = {"loss": f"{m['loss']:.3f}", "mlm_acc": f"{m['mlm_accuracy']:.3f}"}

@@ -76,7 +76,11 @@ def check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str,
 # Fields that change the optimizer state's tree or the data and loss: a run resumes only
 # with the values it started with. (Defaults: checkpoints older than the field.)
 _SAME_RECIPE = ((("train", "optimizer"), "adamw"), (("objective",), "mlm+nsp"),
-                (("data", "streams"), 1))  # streams change the batches' order
+                (("data", "streams"), 1),  # streams change the batches' order
+                (("data", "packing"), False),  # packed rows are other examples
+                # A batch-size warm-up decides where each step's examples start.
+                (("train", "batch_ramp", "start"), 0), (("train", "batch_ramp", "steps"), 0),
+                (("train", "batch_ramp", "stages"), 4))
 
 
 def check_same_recipe(saved: dict, ours: dict, ckpt_dir: str) -> None:

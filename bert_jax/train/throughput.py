@@ -20,10 +20,11 @@ from bert_jax.settings import Phase, Settings
 
 
 class Interval:
-  """The steps being timed: start time, first step, seconds already counted, real tokens.
+  """The steps being timed: start time, first step, seconds already counted, real tokens,
+  sequences (global; a batch-size warm-up changes them per step).
 
   `pause`/`resume` leave an evaluation out; `close` returns the interval's
-  (seconds, steps, real tokens) and starts the next one.
+  (seconds, steps, real tokens, sequences) and starts the next one.
   """
 
   def __init__(self, step: int):
@@ -31,7 +32,7 @@ class Interval:
 
   def restart(self, step: int, now: Optional[float] = None) -> None:
     self.start = time.perf_counter() if now is None else now
-    self.first_step, self.elapsed, self.real_tokens = step, 0.0, 0.0
+    self.first_step, self.elapsed, self.real_tokens, self.sequences = step, 0.0, 0.0, 0
 
   def pause(self) -> None:
     self.elapsed += time.perf_counter() - self.start
@@ -39,9 +40,10 @@ class Interval:
   def resume(self) -> None:
     self.start = time.perf_counter()
 
-  def close(self, step: int) -> tuple[float, int, float]:
+  def close(self, step: int) -> tuple[float, int, float, int]:
     now = time.perf_counter()
-    out = (self.elapsed + now - self.start, step - self.first_step, self.real_tokens)
+    out = (self.elapsed + now - self.start, step - self.first_step, self.real_tokens,
+           self.sequences)
     self.restart(step, now)
     return out
 
@@ -61,23 +63,25 @@ class Throughput:
                              "train", self.s.train.batch_size, phase.seq_len,
                              phase.max_predictions)
 
-  def rates(self, seconds: float, n_steps: int, real_tokens: float, phase: Phase) -> dict:
-    """Throughput of `n_steps` steps of `phase` that took `seconds` (synchronised)."""
-    B = self.s.train.batch_size
+  def rates(self, seconds: float, n_steps: int, real_tokens: float, sequences: int,
+            phase: Phase) -> dict:
+    """Throughput of `n_steps` steps of `phase` (`sequences` in all) that took `seconds`
+    (synchronised)."""
     if n_steps <= 0 or seconds <= 0:
       return {}
-    step_flops = self.flops_per_step(phase)
+    # FLOPs scale with the sequences: a batch-size warm-up's steps are smaller.
+    flops_ = self.flops_per_step(phase) / self.s.train.batch_size * sequences
     t = self.totals
     t["steps"] += n_steps
     t["seconds"] += seconds
-    t["sequences"] += n_steps * B
-    t["tokens"] += n_steps * B * phase.seq_len
+    t["sequences"] += sequences
+    t["tokens"] += sequences * phase.seq_len
     t["real_tokens"] += real_tokens
-    t["flops"] += n_steps * step_flops
-    out = {"steps_per_sec": n_steps / seconds, "sequences_per_sec": n_steps * B / seconds,
-           "tokens_per_sec": n_steps * B * phase.seq_len / seconds,
+    t["flops"] += flops_
+    out = {"steps_per_sec": n_steps / seconds, "sequences_per_sec": sequences / seconds,
+           "tokens_per_sec": sequences * phase.seq_len / seconds,
            "real_tokens_per_sec": real_tokens / seconds,
-           "model_flops_per_sec": n_steps * step_flops / seconds}
+           "model_flops_per_sec": flops_ / seconds}
     if self.peak:
       out["mfu"] = out["model_flops_per_sec"] / (self.peak * self.device_count)
     return out | device_memory()

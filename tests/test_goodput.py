@@ -1,0 +1,100 @@
+"""Goodput (train/goodput.py): a run's wall time split by where it went, over restarts."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bert_jax.train import goodput
+import soak_kill
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _session(tmp_path, started, **seconds):
+  ledger = goodput.Ledger(str(tmp_path), True, started)
+  for k, v in seconds.items():
+    ledger.add(k, v)
+  return ledger
+
+
+def test_steps_run_past_the_restored_checkpoint_are_lost_to_the_restart(tmp_path):
+  first = _session(tmp_path, time.time() - 100)
+  first.steps_done(last_step=13, steps=13, seconds=26.0)  # 2 s a step
+  first.flush()
+  second = goodput.Ledger(str(tmp_path), True, time.time())
+  second.restored(12)  # steps 13 was computed, then lost with the process
+  assert second.recomputed == 1 and second.seconds["lost_restart"] == pytest.approx(2.0)
+  total = second.total()
+  assert total["sessions"] == 2 and total["recomputed_steps"] == 1
+  assert total["productive"] == pytest.approx(24.0)  # 26 s less the lost step
+  assert sum(total[k] for k in goodput.CATEGORIES) == pytest.approx(total["wall"])
+
+
+def test_a_session_that_restored_its_last_step_lost_nothing(tmp_path):
+  first = _session(tmp_path, time.time() - 10)
+  first.steps_done(last_step=8, steps=8, seconds=4.0)
+  first.flush()
+  second = goodput.Ledger(str(tmp_path), True, time.time())
+  second.restored(8)
+  assert second.recomputed == 0 and second.seconds["lost_restart"] == 0
+
+
+def test_the_process_start_is_before_now_and_after_the_interpreter_began():
+  started = goodput.process_start_time()
+  assert time.time() - 24 * 3600 < started <= time.time()
+
+
+STEPS = 16
+
+
+def _popen(workdir, cache, **kw):
+  return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"),
+                           *soak_kill.tiny_args(workdir, cache, STEPS)],
+                          env=soak_kill.subprocess_env(), **kw)
+
+
+@pytest.mark.slow
+def test_a_killed_and_resumed_run_accounts_for_its_wall_time(tmp_path):
+  workdir, cache = str(tmp_path / "run"), str(tmp_path / "prepared")
+  t0 = time.time()
+  proc = _popen(workdir, cache, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    soak_kill.wait_for_step(proc, workdir, 9)  # past checkpoint 8 (maybe unfinished), before 12
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  measured = time.time() - t0
+  t0 = time.time()
+  proc = _popen(workdir, cache, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  out, err = proc.communicate(timeout=600)
+  measured += time.time() - t0
+  assert proc.returncode == 0, err[-3000:]
+  sessions = [json.load(open(p)) for p in sorted(glob.glob(f"{workdir}/goodput/*.json"))]
+  sessions.sort(key=lambda r: r["started"])
+  assert len(sessions) == 2
+  first, second = sessions
+  # The killed session's steps after the checkpoint the resume found (8, or 4 when 8 was
+  # still being written) were computed again, and counted lost.
+  assert second["restored_step"] in (4, 8) and second["restored_step"] < first["last_step"]
+  assert second["recomputed_steps"] == first["last_step"] - second["restored_step"]
+  assert second["seconds"]["lost_restart"] > 0
+  row = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))
+         if '"goodput"' in l][-1]
+  split = sum(row[k] for k in goodput.CATEGORIES)
+  assert split == pytest.approx(row["wall"], rel=0.01), row
+  # Every category measured, and the whole: only what a record cannot see is missing
+  # (the instant between the last record and the kill, interpreter teardown).
+  for k in ("productive", "startup", "compile", "eval", "checkpoint", "lost_restart"):
+    assert row[k] > 0, (k, row)
+  assert 0.9 * measured < row["wall"] <= measured, (row["wall"], measured)
+  # Every step once, less the two that compiled (each session's first), counted there.
+  assert first["steps"] + second["steps"] - second["recomputed_steps"] == STEPS - 2
+  assert "goodput: " in out and "2 session(s)" in out
