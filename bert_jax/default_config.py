@@ -45,6 +45,9 @@ def get_config() -> ml_collections.ConfigDict:
   # every thread's stack goes to <workdir>/hang-*.txt, with one line on stderr.
   c.watchdog_s = 0.0  # seconds, far above a step's time (e.g. 1800); 0 = off
   c.watchdog_exit = False  # then exit with status 3, for a scheduler to restart the run
+  # On a pod: a process waiting for its input more than this many times the median
+  # process (and 10% of a step) is named at the log points (train/stragglers). 0 = off.
+  c.straggler_factor = 3.0
   return c
 
 

@@ -213,10 +213,14 @@ class RunSettings:
   compile_cache_dir: str = ""  # JAX persistent compilation cache ('' = off)
   watchdog_s: float = 0.0  # train/watchdog: no step for this long dumps the stacks (0 = off)
   watchdog_exit: bool = False  # and then exits with status 3
+  straggler_factor: float = 3.0  # train/stragglers: name a process waiting this x the median
 
   def __post_init__(self):
     for name in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
       _positive_int(name, getattr(self, name))
+    if not (isinstance(self.straggler_factor, (int, float)) and (
+        self.straggler_factor == 0 or 1 < self.straggler_factor < float("inf"))):
+      raise _fail("straggler_factor", self.straggler_factor, "0 (off) or a number > 1")
     if not (isinstance(self.watchdog_s, (int, float)) and 0 <= self.watchdog_s < float("inf")):
       raise _fail("watchdog_s", self.watchdog_s, "seconds >= 0 (0 = off)")
     if not _is_int(self.eval_batches) or self.eval_batches < 0:

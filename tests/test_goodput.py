@@ -16,33 +16,50 @@ import soak_kill
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _session(tmp_path, started, **seconds):
-  ledger = goodput.Ledger(str(tmp_path), True, started)
-  for k, v in seconds.items():
-    ledger.add(k, v)
-  return ledger
+class Clock:
+  """time.time() as the test says: sessions of known lengths, instantly."""
+
+  def __init__(self, monkeypatch, now: float):
+    self.now = now
+    monkeypatch.setattr(time, "time", lambda: self.now)
 
 
-def test_steps_run_past_the_restored_checkpoint_are_lost_to_the_restart(tmp_path):
-  first = _session(tmp_path, time.time() - 100)
+def test_steps_run_past_the_restored_checkpoint_are_lost_to_the_restart(tmp_path, monkeypatch):
+  clock = Clock(monkeypatch, 1000.0)
+  first = goodput.Ledger(str(tmp_path), True, 1000.0)
+  clock.now = 1010.0
+  first.loop_starts()  # 10 s of start-up
+  clock.now = 1036.0
   first.steps_done(last_step=13, steps=13, seconds=26.0)  # 2 s a step
-  first.flush()
-  second = goodput.Ledger(str(tmp_path), True, time.time())
-  second.restored(12)  # steps 13 was computed, then lost with the process
+  first.flush()  # killed after step 13; the newest checkpoint was 12
+  second = goodput.Ledger(str(tmp_path), True, 1040.0)
+  clock.now = 1042.0
+  second.restored(12)
+  second.loop_starts()
   assert second.recomputed == 1 and second.seconds["lost_restart"] == pytest.approx(2.0)
+  assert second.seconds["startup"] == pytest.approx(2.0)
   total = second.total()
   assert total["sessions"] == 2 and total["recomputed_steps"] == 1
-  assert total["productive"] == pytest.approx(24.0)  # 26 s less the lost step
+  assert total["wall"] == pytest.approx(38.0) and total["productive"] == pytest.approx(24.0)
+  assert total["startup"] == pytest.approx(12.0) and total["lost_restart"] == pytest.approx(2.0)
   assert sum(total[k] for k in goodput.CATEGORIES) == pytest.approx(total["wall"])
 
 
 def test_a_session_that_restored_its_last_step_lost_nothing(tmp_path):
-  first = _session(tmp_path, time.time() - 10)
-  first.steps_done(last_step=8, steps=8, seconds=4.0)
+  first = goodput.Ledger(str(tmp_path), True, time.time())
+  first.loop_starts()
+  first.steps_done(last_step=8, steps=8, seconds=0.0)
   first.flush()
   second = goodput.Ledger(str(tmp_path), True, time.time())
   second.restored(8)
   assert second.recomputed == 0 and second.seconds["lost_restart"] == 0
+
+
+def test_a_session_that_never_trained_writes_nothing(tmp_path):
+  ledger = goodput.Ledger(str(tmp_path), True, time.time())
+  ledger.restored(0)
+  ledger.flush()  # refused, or its work already done: the workdir stays as it was
+  assert not (tmp_path / "goodput").exists()
 
 
 def test_the_process_start_is_before_now_and_after_the_interpreter_began():

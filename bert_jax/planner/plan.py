@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.train.steps import make_steps
+from bert_jax.train.steps import make_steps, planned_bytes
 from bert_jax.parallel import sharding
 from bert_jax.model import flops, precision
 from bert_jax.planner import hlo
@@ -258,8 +258,7 @@ class Planner:
       plan.output_bytes = int(mem.output_size_in_bytes)
       plan.alias_bytes = int(mem.alias_size_in_bytes)
       plan.code_bytes = int(mem.generated_code_size_in_bytes)
-      plan.total_bytes = (plan.argument_bytes + plan.output_bytes - plan.alias_bytes
-                          + plan.temp_bytes + plan.code_bytes)
+      plan.total_bytes = planned_bytes(compiled)  # as every training run logs it
     plan.xla_flops = float(_cost(compiled).get("flops", 0.0))
     module = hlo.parse(compiled.as_text())
     plan.collectives = hlo.collectives(module)

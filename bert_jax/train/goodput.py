@@ -15,7 +15,8 @@ A session is one process's life on the workdir, from the moment the process star
 
 Process 0 writes `<workdir>/goodput/session-<start ms>-<host>-<pid>.json` at every log
 point and when the session ends (atomically; on a bucket too), so a run killed with -9
-keeps its account up to its last log point. The end of a run prints the sum over the
+keeps its account up to its last log point. A session that never reaches its first
+step (refused, already complete, stopped while preparing data) writes nothing. The end of a run prints the sum over the
 sessions and logs it as a `goodput` row of metrics.jsonl. Time between sessions (a
 machine being replaced) belongs to no session and is not counted.
 """
@@ -123,9 +124,10 @@ class Ledger:
             "pid": os.getpid()}
 
   def flush(self) -> dict:
-    """Writes this session's record (process 0) and returns it."""
+    """Writes this session's record (process 0; once it has trained: a run refused, or
+    finding its work done, writes nothing) and returns it."""
     r = self.record()
-    if self.writer:
+    if self.writer and self._loop_started:
       if not self._made:
         fs.makedirs(self.directory)
         self._made = True

@@ -30,7 +30,7 @@ from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.data.dataset import Prepared
 from bert_jax.errors import NonFiniteError, Preempted
 from bert_jax.train.preemption import StopSignals
-from bert_jax.train import goodput, spikes
+from bert_jax.train import goodput, spikes, stragglers
 from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.settings import Phase, Settings
@@ -58,6 +58,9 @@ class TrainLoop:
     self.profiler = profiler or StepProfiler((), 1, "")  # config.profile (train/profiling)
     self.ledger = ledger or goodput.Ledger("", False, time.time())  # where the time goes
     self._waits = 0.0  # data waits and saves inside the timed interval: not productive
+    self._data_wait = 0.0  # the data waits alone (config.straggler_factor)
+    self._planned: Optional[int] = None  # XLA's bytes per device for the current step
+    self._stragglers_named: dict[int, int] = {}  # process -> step it was last named at
     self.throughput = Throughput(settings, steps.bert_config, jax.devices()[0].device_kind,
                                  jax.device_count())
     self.compile_s: dict[int, float] = {}  # phase index -> time of its first step
@@ -170,10 +173,12 @@ class TrainLoop:
         batch = self._next_batch(it, interval)
         first = first or self._new_batch_size(st.step, phase)
         self.profiler.before_step(st.step)
+        args = (st.params, st.opt_state, jnp.int32(st.step), batch)
         with self.watchdog.paused() if first else contextlib.nullcontext(), \
             self.profiler.annotate(st.step):  # the first step compiles
-          st.params, st.opt_state, metrics = step_fn(
-              st.params, st.opt_state, jnp.int32(st.step), batch)
+          if first:  # the plan of the memory this step needs, beside what it uses
+            self._planned = self.steps.memory_plan(phase.max_predictions, *args)
+          st.params, st.opt_state, metrics = step_fn(*args)
         st.step += 1
         self.watchdog.beat(st.step)
         self.profiler.after_step(st.step, metrics)
@@ -279,6 +284,8 @@ class TrainLoop:
   def _wait(self, category: str, seconds: float) -> None:
     self.ledger.add(category, seconds)
     self._waits += seconds
+    if category == "data_wait":
+      self._data_wait += seconds
 
   def _log_train(self, phase: Phase, bar: tqdm, pending: list, interval: Interval) -> None:
     """Writes the interval's train metrics and rates; updates the bar; checks NaN streaks."""
@@ -286,8 +293,11 @@ class TrainLoop:
     seconds, n_steps, real_tokens, sequences = interval.close(step)
     m = _train_metrics(pending) | self.throughput.rates(seconds, n_steps, real_tokens,
                                                         sequences, phase)
+    if self._planned:  # next to memory_peak_gib where the platform reports it
+      m["memory_planned_gib"] = self._planned / 1024**3
     self.ledger.steps_done(step, n_steps, seconds - self._waits)
-    self._waits = 0.0
+    m |= self._stragglers(seconds, n_steps)
+    self._waits = self._data_wait = 0.0
     self.ledger.flush()
     self._last_train_loss = m["loss"]
     self.reporter.write("train", step, m)
@@ -302,6 +312,21 @@ class TrainLoop:
       post["mem"] = f"{m['memory_peak_gib']:.1f}G"
     bar.set_postfix(post)
     self._check_nonfinite(m["nonfinite_streak"])
+
+  def _stragglers(self, seconds: float, n_steps: int) -> dict:
+    """Every process's step time and input wait (a collective: every process logs at the
+    same steps); process 0 names a straggler, once per 10 log points each."""
+    factor = self.s.run.straggler_factor
+    if jax.process_count() == 1 or not factor or n_steps <= 0:
+      return {}
+    times = stragglers.gather(seconds / n_steps, self._data_wait / n_steps)
+    found = stragglers.slowest(times, factor)
+    step = self.state.step
+    if found is not None and step - self._stragglers_named.get(found[0], -10**9) >= (
+        10 * self.s.run.log_every):
+      self._stragglers_named[found[0]] = step
+      console.warn(found[1] + f" (step {step})")
+    return stragglers.row(times)
 
   def _eval_point(self, phase: Phase) -> None:
     ev = self._after_eval(self.evaluate(phase))

@@ -175,6 +175,12 @@ class TrainSteps:
     self._steps[max_predictions] = jitted
     return jitted
 
+  def memory_plan(self, max_predictions: int, *args) -> Optional[int]:
+    """Bytes per device XLA plans for the train step on these arguments (what
+    `python -m bert_jax.plan` reports for the config). Compiled ahead of time here, the
+    jitted step's next call finds the executable in JAX's cache: it costs a trace."""
+    return planned_bytes(self.train_step_fn(max_predictions).lower(*args).compile())
+
   def _head_sums(self, sums: losses.Sums, f: Callable = lambda x: x) -> dict:
     """The 2-way head's sums named by its task (nsp_* or sop_*); none for 'mlm'."""
     task = self.head_task
@@ -227,6 +233,16 @@ class TrainSteps:
               if f"{k}_count" in t}  # for standard errors
     return summarize(t) | counts | {
         "mlm_best_constant_accuracy": float(t["label_hist"].max() / max(t["mlm_count"], 1.0))}
+
+
+def planned_bytes(compiled) -> Optional[int]:
+  """A compiled step's memory per device: arguments and outputs (less what donation
+  aliases), temporaries and code; None where the backend gives no analysis."""
+  mem = compiled.memory_analysis()
+  if mem is None:
+    return None
+  return int(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+             + mem.temp_size_in_bytes + mem.generated_code_size_in_bytes)
 
 
 def summarize(sums: dict) -> dict:
