@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,6 +215,20 @@ def wait_for_step(proc: subprocess.Popen, workdir: str, step: int,
     if time.monotonic() > deadline:
       raise TimeoutError(f"train.py logged no step {step} in {timeout:.0f} s")
     time.sleep(0.005)
+
+
+def kill_after_steps(start: Callable[[], subprocess.Popen], workdir: str,
+                     steps: Sequence[int]) -> None:
+  """For each of `steps`: a run from `start()`, SIGKILLed once it has logged that step."""
+  for at in steps:
+    proc = start()
+    try:
+      wait_for_step(proc, workdir, at)
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+    finally:
+      if proc.poll() is None:
+        proc.kill()
 
 
 def wait_for_tmp_dir(proc: subprocess.Popen, workdir: str) -> None:

@@ -7,7 +7,6 @@ run killed anywhere on the ramp resumes to the same arrays.
 
 import os
 import random
-import signal
 import subprocess
 import sys
 
@@ -140,16 +139,9 @@ def test_kill_9_anywhere_on_the_ramp_resumes_exactly(reference, tmp_path):
   workdir, _ = reference
   rng = random.Random(random.randrange(2**31))
   killed = str(tmp_path / "killed")
-  for at in (rng.randint(3, 7), rng.randint(9, 13)):  # inside each phase, on the ramp
-    proc = _run(killed, str(tmp_path / "prepared"), stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL)
-    try:
-      soak_kill.wait_for_step(proc, killed, at)
-      proc.send_signal(signal.SIGKILL)
-      proc.wait()
-    finally:
-      if proc.poll() is None:
-        proc.kill()
+  soak_kill.kill_after_steps(  # inside each phase, on the ramp
+      lambda: _run(killed, str(tmp_path / "prepared"), stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL), killed, (rng.randint(3, 7), rng.randint(9, 13)))
   proc = _run(killed, str(tmp_path / "prepared"), stdout=subprocess.DEVNULL,
               stderr=subprocess.PIPE)
   _, err = proc.communicate(timeout=600)

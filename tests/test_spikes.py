@@ -11,7 +11,6 @@ checkpoint too) resumes to the same arrays and rows.
 
 import os
 import random
-import signal
 import subprocess
 import sys
 
@@ -137,16 +136,9 @@ def test_the_same_run_rolls_back_the_same_way_and_kill_9_anywhere_resumes_exactl
   assert not soak_kill.differences(workdir, again)
   rng = random.Random(random.randrange(2**31))
   killed = str(tmp_path / "killed")
-  for at in (rng.randint(8, 10), rng.randint(10, 14)):  # around the rollback, then after it
-    proc = _popen(killed, str(tmp_path / "prepared"), stdout=subprocess.DEVNULL,
-                  stderr=subprocess.DEVNULL)
-    try:
-      soak_kill.wait_for_step(proc, killed, at)
-      proc.send_signal(signal.SIGKILL)
-      proc.wait()
-    finally:
-      if proc.poll() is None:
-        proc.kill()
+  soak_kill.kill_after_steps(  # around the rollback, then after it
+      lambda: _popen(killed, str(tmp_path / "prepared"), stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL), killed, (rng.randint(8, 10), rng.randint(10, 14)))
   _run(killed, str(tmp_path / "prepared"))
   diffs = soak_kill.differences(workdir, killed)
   assert not diffs, diffs

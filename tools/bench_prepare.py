@@ -32,15 +32,17 @@ from bert_jax.settings import DataSettings
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
-def make_synthetic_corpus(path: str, megabytes: float, seed: int = 0) -> str:
-  """Writes `megabytes` MiB of plain-format text: documents of 3-30 sentences drawn
-  at random from the built-in corpus (real English, no download). Returns `path`."""
-  sentences = [s for d in corpus.read_documents(corpus.BUILTIN) for s in d]
+def make_synthetic_corpus(path: str, megabytes: float, seed: int = 0,
+                          sentences: tuple[int, int] = (3, 30)) -> str:
+  """Writes `megabytes` MiB of plain-format text: documents of `sentences` (3-30)
+  sentences drawn at random from the built-in corpus (real English, no download).
+  Returns `path`."""
+  pool = [s for d in corpus.read_documents(corpus.BUILTIN) for s in d]
   rng = random.Random(seed)
   target, written = int(megabytes * 2**20), 0
   with open(path, "w", encoding="utf-8") as f:
     while written < target:
-      doc = "\n".join(rng.choices(sentences, k=rng.randint(3, 30))) + "\n\n"
+      doc = "\n".join(rng.choices(pool, k=rng.randint(*sentences))) + "\n\n"
       f.write(doc)
       written += len(doc.encode())
   return path

@@ -27,13 +27,13 @@ import argparse
 import json
 import os
 import platform
-import random
 import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from tools.bench_prepare import make_synthetic_corpus  # noqa: E402  (after the path)
 
 # The ablation's switch: the packed data, read by steps that do not know it is packed.
 _NO_DOCUMENT_MASK = """
@@ -49,18 +49,11 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def short_documents(path: str, megabytes: float, seed: int = 0) -> str:
-  """Documents of 1-3 built-in sentences, `megabytes` MiB of plain text."""
-  from bert_jax.data import corpus  # pylint: disable=import-outside-toplevel
-  pool = [s for d in corpus.read_documents(corpus.BUILTIN) for s in d]
-  rng = random.Random(seed)
-  target, written = int(megabytes * 2**20), 0
-  with open(path, "w", encoding="utf-8") as f:
-    while written < target:
-      doc = "\n".join(rng.choices(pool, k=rng.randint(1, 3))) + "\n\n"
-      f.write(doc)
-      written += len(doc.encode())
-  return path
+def _machine() -> str:
+  from bert_jax.model import precision  # pylint: disable=import-outside-toplevel
+  flags = precision.cpu_flags() & {"amx_bf16", "avx512_bf16"}
+  return (f"Machine: {precision.cpu_model() or platform.machine()}, {os.cpu_count()} cores, "
+          f"{' '.join(sorted(flags)) or 'no bf16 dot flags'} ({platform.platform()})")
 
 
 def _run(tmp: str, name: str, corpus_path: str, steps: int, packed: bool,
@@ -100,13 +93,12 @@ def main() -> None:
   p.add_argument("--megabytes", type=float, default=1.0)
   p.add_argument("--out", default="")
   args = p.parse_args()
-  lines = [f"# tools/measure_packing.py --steps {args.steps} --megabytes {args.megabytes}",
-           f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-           f"({platform.platform()})", ""]
-  print("\n".join(lines), flush=True)
+  print(f"# tools/measure_packing.py --steps {args.steps} --megabytes {args.megabytes}\n"
+        f"{_machine()}\n", flush=True)
   results = []
   with tempfile.TemporaryDirectory() as tmp:
-    corpus_path = short_documents(os.path.join(tmp, "short_documents.txt"), args.megabytes)
+    corpus_path = make_synthetic_corpus(os.path.join(tmp, "short_documents.txt"),
+                                        args.megabytes, sentences=(1, 3))
     results.append(_run(tmp, "unpacked", corpus_path, args.steps, False))
     results.append(_run(tmp, "packed", corpus_path, args.steps, True))
     results.append(_run(tmp, "packed, no doc mask", corpus_path, args.steps, True, True))
@@ -123,9 +115,7 @@ def main() -> None:
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
       f.write("\n".join([f"# tools/measure_packing.py --steps {args.steps} --megabytes "
-                         f"{args.megabytes}",
-                         f"Machine: {platform.processor() or platform.machine()}, "
-                         f"{os.cpu_count()} cores ({platform.platform()})", "", *lines]) + "\n")
+                         f"{args.megabytes}", _machine(), "", *lines]) + "\n")
 
 
 if __name__ == "__main__":
