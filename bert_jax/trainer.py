@@ -22,7 +22,7 @@ from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.storage import fs
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, goodput, init_from
-from bert_jax.errors import ConfigError
+from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.eval import training_probes as probes
 from bert_jax.train.eval_report import describe_eval
 from bert_jax.train.loop import TrainLoop
@@ -122,7 +122,10 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
   finally:
     signals.uninstall()
     reporter.close()
-    ledger.flush()  # also when stopped: the time up to here is this session's
+    # Also when stopped: the time up to here is this session's. A record that cannot be
+    # written then must not hide the error the run is stopping with.
+    with contextlib.suppress(BertJaxError):
+      ledger.flush()
   plot = reporter.plot(state.step, [ph.start for ph in s.train.phases[1:]])
   console.log(f"final eval @ step {state.step}: {describe_eval(ev)}")
   # The workdir as the user gave it, like the other two (Orbax's own path is absolute).

@@ -62,6 +62,20 @@ def test_a_session_that_never_trained_writes_nothing(tmp_path):
   assert not (tmp_path / "goodput").exists()
 
 
+def test_a_record_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+  import errno  # pylint: disable=import-outside-toplevel
+  from bert_jax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+
+  def full(*_, **__):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(goodput.fs, "write_json", full)
+  ledger = goodput.Ledger(str(tmp_path), True, time.time())
+  ledger.loop_starts()
+  with pytest.raises(ConfigError, match=r"could not write .*goodput/session-.*No space left"):
+    ledger.flush()
+
+
 def test_the_process_start_is_before_now_and_after_the_interpreter_began():
   started = goodput.process_start_time()
   assert time.time() - 24 * 3600 < started <= time.time()

@@ -31,6 +31,8 @@ import socket
 import time
 from collections.abc import Iterator
 
+from bert_jax import console
+from bert_jax.errors import ConfigError
 from bert_jax.storage import fs
 
 CATEGORIES = ("productive", "startup", "compile", "data_wait", "eval", "checkpoint",
@@ -128,10 +130,15 @@ class Ledger:
     finding its work done, writes nothing) and returns it."""
     r = self.record()
     if self.writer and self._loop_started:
-      if not self._made:
-        fs.makedirs(self.directory)
-        self._made = True
-      fs.write_json(self.path, r, indent=1)
+      try:
+        if not self._made:
+          fs.makedirs(self.directory)
+          self._made = True
+        fs.write_json(self.path, r, indent=1)  # atomic: the last record stays whole
+      except OSError as e:  # a full or read-only disk: one line, as for the metrics
+        raise ConfigError(f"could not write {self.path}: {console.write_reason(e)}; expected "
+                          "a workdir with free space that can be written (the checkpoints "
+                          "are intact: rerun the same command once it can be)") from None
     return r
 
   def total(self) -> dict:
