@@ -4,6 +4,7 @@ that hangs, one line says where; paused work (compiles, evals) is not a hang; wi
 watchdog_exit the process ends with status 3 and the rerun resumes."""
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -81,7 +82,10 @@ def test_a_hung_run_dumps_its_stacks_exits_3_and_the_rerun_resumes(tmp_path):
   assert proc.returncode == EXIT_STATUS, proc.stderr[-3000:]
   assert time.monotonic() - start < 100  # not the 120 s sleep
   errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
-  assert len(errors) == 1 and "no training step completed for 3 s after step 6" in errors[0]
+  # 3 s or a little more: the watchdog's thread may wake late on a loaded machine.
+  waited = re.search(r"no training step completed for (\d+) s after step 6 ", errors[0]
+                     if len(errors) == 1 else "")
+  assert waited and 3 <= int(waited.group(1)) < 100, errors
   dumps = [f for f in os.listdir(workdir) if f.startswith("hang-")]
   assert len(dumps) == 1 and dumps[0] in errors[0]
   assert "sleepy_next" in open(os.path.join(workdir, dumps[0]), encoding="utf-8").read()
