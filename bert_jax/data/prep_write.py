@@ -355,8 +355,10 @@ class _PartWriter:
              pretraining_data.document_spans(window, l, c.short_seq_prob, passes, rng,
                                              c.objective))
     while block := list(itertools.islice(spans, SPANS_PER_BLOCK)):
+      if limit is not None and not c.packing:  # a span is a row: make only those kept
+        block = block[:limit - writer.count]
       rows = _rows(window.tokens_T, np.asarray(block, np.int64), l, self.tokenizer, self.dtype)
-      if c.packing:
+      if c.packing:  # rows are known only once packed: the cap cuts them
         rows = packing.pack(rows, l)
       if limit is not None:
         rows = rows[:limit - writer.count]
