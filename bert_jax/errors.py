@@ -1,4 +1,13 @@
-"""User-facing errors: one line, naming the input and what was expected."""
+"""User-facing errors: one line, naming the input and what was expected; and the stop request a signal leaves for the work to act on.
+
+A signal handler only notes the request (`request_stop`): Python runs handlers between
+any two bytecodes, inside a garbage-collection callback too, where an exception it
+raises is printed and dropped. The work checks the note at its safe points
+(`check_stop`: preparation and its worker pool, between the run's chapters; the
+training loop reads `stop_requested` at every step, after an evaluation or a save).
+"""
+
+from typing import Optional
 
 
 class BertJaxError(Exception):
@@ -55,3 +64,30 @@ class Terminated(KeyboardInterrupt):
   def __init__(self, signum: int):
     super().__init__(signum)
     self.signum = signum
+
+
+_stop_signum: Optional[int] = None  # the first SIGTERM/SIGINT noted, until cleared
+
+
+def request_stop(signum: int) -> None:
+  """Notes a stop request (from a signal handler: no exception, no I/O)."""
+  global _stop_signum
+  if _stop_signum is None:
+    _stop_signum = int(signum)
+
+
+def stop_requested() -> Optional[int]:
+  """The signal that asked this process to stop, or None."""
+  return _stop_signum
+
+
+def check_stop() -> None:
+  """At a safe point before training: `Terminated` if a stop was requested."""
+  if _stop_signum is not None:
+    raise Terminated(_stop_signum)
+
+
+def clear_stop() -> None:
+  """Forgets the request (a caller in Python that handled it, a test)."""
+  global _stop_signum
+  _stop_signum = None

@@ -19,6 +19,7 @@ import ml_collections
 from bert_jax import default_config
 from bert_jax.data import corpus, pretraining_data
 from bert_jax.errors import ConfigError
+from bert_jax.storage.retries import check_path
 from bert_jax.options import (  # noqa: F401  (re-exported: settings' names)
     PROBE_POOLINGS, BatchRampSettings, ProbeSettings, ProfileSettings, SpikeSettings,
     fail as _fail, is_int as _is_int, positive_int as _positive_int)
@@ -28,6 +29,11 @@ MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] plus room to mask something
 OPTIMIZERS = ("adamw", "lamb")  # `config.train.optimizer`; optim.make_optimizer builds them
 SCHEDULES = ("linear", "cosine", "wsd", "inverse_sqrt")  # `config.train.schedule` (train/schedules)
 DECAY_SHAPES = ("linear", "cosine", "sqrt")  # `config.train.decay_shape`, of a wsd schedule
+
+
+def wsd_decay_start(num_steps: int, decay_fraction: float) -> int:
+  """The first step of a WSD schedule's decay (train/schedules, and the check here)."""
+  return num_steps - int(round(decay_fraction * num_steps))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,10 +160,14 @@ class OptimizerSettings:
       raise _fail("train.min_lr_ratio", self.min_lr_ratio, "0 <= ratio < 1 (of the peak)")
     if self.schedule == "inverse_sqrt" and self.warmup_steps <= 0:
       raise _fail("train.warmup_steps", self.warmup_steps, "> 0 with schedule='inverse_sqrt'")
-    decay_start = self.num_steps - int(round(self.decay_fraction * self.num_steps))
-    if self.schedule == "wsd" and decay_start < self.warmup_steps:
+    start = wsd_decay_start(self.num_steps, self.decay_fraction)
+    if self.schedule == "wsd" and start < self.warmup_steps:
       raise _fail("train.decay_fraction", self.decay_fraction, f"a share whose decay starts "
                   f"after the warm-up ({self.warmup_steps} of {self.num_steps} steps)")
+    if self.schedule == "wsd" and start >= self.num_steps:
+      raise _fail("train.decay_fraction", self.decay_fraction, f"a share that decays over at "
+                  f"least 1 of the {self.num_steps} steps (it rounds to 0 decay steps; at "
+                  f"least {1 / self.num_steps:.3g})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,9 +345,24 @@ def data_settings(config: ml_collections.ConfigDict) -> DataSettings:
   return DataSettings(**data, objective=config.get("objective", "mlm+nsp"))
 
 
+# Config fields that hold a path: each a local path or a gs:// URL, checked first.
+PATH_FIELDS = ("data.corpus", "data.vocab_file", "data.cache_dir", "init_from",
+               "compile_cache_dir")
+
+
+def _check_paths(c: ml_collections.ConfigDict) -> None:
+  for name in PATH_FIELDS:
+    node = c
+    for part in name.split("."):
+      node = node.get(part, "") if node is not None else ""
+    if isinstance(node, str) and node:
+      check_path(f"--config.{name}", node)
+
+
 def from_config(config: ml_collections.ConfigDict) -> Settings:
   """Checks `config` and returns its typed settings; raises ConfigError naming the field."""
   c = config
+  _check_paths(c)
   t = c.train
   opt_fields = _fields(OptimizerSettings, t)
   if t.num_steps == 0 and _is_int(t.num_steps):

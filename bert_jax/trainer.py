@@ -22,7 +22,7 @@ from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.storage import fs
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, goodput, init_from
-from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.errors import BertJaxError, ConfigError, check_stop
 from bert_jax.eval import training_probes as probes
 from bert_jax.train.eval_report import describe_eval
 from bert_jax.train.loop import TrainLoop
@@ -37,7 +37,9 @@ from bert_jax.train.watchdog import Watchdog
 
 def _check_workdir(workdir: str) -> None:
   """A workdir that cannot be a directory fails here, not deep inside data preparation;
-  a bucket that is missing or forbidden, or a server that does not answer, too."""
+  a bucket that is missing or forbidden, or a server that does not answer, too; a
+  URL of another scheme, or a malformed gs:// one, too (never a local folder)."""
+  fs.check_path("--workdir", workdir)
   if fs.is_gcs(workdir):
     fs.check_bucket(workdir)  # missing, forbidden or unreachable: one line, nothing written
     return
@@ -82,9 +84,11 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
   """The run's story in order: data, steps, restore or start, loop, final eval, report."""
   check_same_data(s, workdir)  # before preparing anything: a refused run writes nothing
   prepared, ext = _prepare(s, workdir, source)
+  check_stop()  # a SIGTERM noted while preparing: stop before building the model
   tok = prepared.tokenizer
   steps = make_steps(s, tok.vocab_size, tok.special_ids(), tok.mask_id,
                      tok.is_continuation() if s.masking.whole_word else None, mesh)
+  check_stop()
   _log_model(steps, tok.vocab_size, s.requested_dtype)
   ckpts = RunCheckpoints(checkpoint_dir(workdir), s.run.keep_checkpoints, steps, {
       "model_config": steps.bert_config.to_dict(), "vocab": tok.vocab,

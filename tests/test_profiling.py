@@ -66,3 +66,37 @@ def test_touching_profile_in_a_running_run_traces_its_next_steps(tmp_path):
   (steps,) = _traced_steps(workdir)
   assert len(steps) == 4 and steps == list(range(steps[0], steps[0] + 4)) and steps[0] >= 5
   assert f"profile: tracing steps {steps[0]}..{steps[-1]}" in out
+
+
+@pytest.mark.slow
+def test_a_profile_request_that_is_a_folder_is_a_request_not_a_crash(tmp_path):
+  """`mkdir <workdir>/PROFILE` (issue 41: IsADirectoryError ended the run, and its resume)."""
+  workdir = str(tmp_path / "run")
+  os.makedirs(os.path.join(workdir, "PROFILE", "inside"))
+  args = soak_kill.tiny_args(workdir, str(tmp_path / "prepared"), 8,
+                             **{"profile.on_demand_steps": 2})
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args],
+                        env=soak_kill.subprocess_env(), capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr
+  warnings = [l for l in proc.stderr.splitlines() if "PROFILE could not be read" in l]
+  assert len(warnings) == 1 and warnings[0].startswith("warning: profile:"), proc.stderr
+  assert not os.path.exists(os.path.join(workdir, "PROFILE"))  # taken: not asked again
+  (steps,) = _traced_steps(workdir)
+  assert len(steps) == 2
+
+
+def test_a_profile_request_of_bytes_that_are_not_text_traces_the_default_steps(
+    tmp_path, monkeypatch, capsys):
+  from bert_jax.train import profiling
+  started = []
+  monkeypatch.setattr(profiling.StepProfiler, "_start",
+                      lambda self, step, end: started.append((step, end)))
+  with open(tmp_path / "PROFILE", "wb") as f:
+    f.write(b"\xff\xfe\x00garbage")
+  profiler = profiling.StepProfiler((), 5, str(tmp_path))
+  profiler.check_request(10)
+  assert started == [(10, 15)]
+  assert not os.path.exists(tmp_path / "PROFILE")
+  assert "UnicodeDecodeError" in capsys.readouterr().err

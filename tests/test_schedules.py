@@ -88,6 +88,7 @@ def test_raising_num_steps_leaves_a_wsd_schedule_unchanged_before_its_decay():
     ({"schedule": "wsd", "decay_shape": "exp"}, "train.decay_shape"),
     ({"schedule": "wsd", "decay_fraction": 0.0}, "train.decay_fraction"),
     ({"schedule": "wsd", "decay_fraction": 0.95}, "train.decay_fraction"),  # before warm-up ends
+    ({"schedule": "wsd", "decay_fraction": 0.004}, "train.decay_fraction"),  # 0 decay steps
     ({"schedule": "cosine", "min_lr_ratio": 1.0}, "train.min_lr_ratio"),
     ({"schedule": "inverse_sqrt", "warmup_steps": 0}, "train.warmup_steps"),
 ])

@@ -42,6 +42,17 @@ class Parser(argparse.ArgumentParser):
   def error(self, message):
     raise ConfigError(message)
 
+  def parse_known_args(self, args=None, namespace=None):
+    parsed, rest = super().parse_known_args(args, namespace)
+    # Every path a command takes is a local path or a gs:// URL: a value that looks like
+    # another URL (GS://, gs:/b, s3://) is one line here, before it becomes a local folder.
+    for action in self._actions:
+      value = getattr(parsed, action.dest, None) if action.dest else None
+      if isinstance(value, str):
+        fs.check_path(action.option_strings[0] if action.option_strings
+                      else (action.metavar or action.dest), value)
+    return parsed, rest
+
   def print_help(self, file=None):
     if file is None:
       write_stdout(self.format_help())

@@ -17,12 +17,12 @@ import argparse
 import os
 import signal
 import sys
-from typing import NoReturn
 
 from bert_jax.commands import common, config_args
 from bert_jax.commands.config_args import PACKAGE_DIR
 from bert_jax.parallel import startup
-from bert_jax.errors import BertJaxError, ConfigError, Preempted, Terminated
+from bert_jax.errors import (BertJaxError, ConfigError, Preempted, Terminated, request_stop,
+                             stop_requested)
 from bert_jax.train import goodput
 from bert_jax.trainer import train_and_evaluate
 
@@ -94,11 +94,14 @@ def _train(args: argparse.Namespace, config) -> None:
     if args.jax_distributed or any(v is not None for v in explicit):
       startup.initialize_distributed(*explicit,
                                       initialization_timeout=args.distributed_timeout)
-    # Until training installs its own handler (checkpoint, then stop), SIGTERM stops
-    # what is under way (preparing data, compiling) as Ctrl-C does.
+    # Until training installs its own handler (checkpoint, then stop), a SIGTERM is
+    # noted, and preparation and start-up stop at their next safe point.
     signal.signal(signal.SIGTERM, _terminated)
     # The session's goodput counts from the process's start: imports and start-up too.
     train_and_evaluate(config, args.workdir, started=goodput.process_start_time())
+    if (signum := stop_requested()) is not None:  # after the last safe point: all done
+      _last_line(f"{signal.Signals(signum).name} received as the run ended: it is complete "
+                 "(final checkpoint written); nothing to resume")
   except Preempted as e:  # SIGTERM/SIGINT during training: checkpointed, resumable
     _last_line(f"interrupted: {e}")
     sys.exit(128 + e.signum)  # 143 for SIGTERM, 130 for SIGINT, as the shell reports them
@@ -116,9 +119,15 @@ def _train(args: argparse.Namespace, config) -> None:
     sys.exit(128 + signum)
 
 
-def _terminated(signum, frame) -> NoReturn:
+def _terminated(signum, frame) -> None:
+  """Notes SIGTERM for the next safe point: never raises (Python drops an exception
+  raised while a garbage-collection callback runs, and the stop with it)."""
   del frame
-  raise Terminated(signum)
+  first = stop_requested() is None
+  request_stop(signum)
+  if first:
+    os.write(2, f"{signal.Signals(signum).name} received: stopping at the next safe point\n"
+             .encode())
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]):

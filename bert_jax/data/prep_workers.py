@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection, wait
 
 from bert_jax.data import prep_write
 from bert_jax.data.prep_check import CacheDirError
-from bert_jax.errors import BertJaxError, ConfigError, CorpusError
+from bert_jax.errors import BertJaxError, ConfigError, CorpusError, check_stop
 from bert_jax.storage import fs
 
 PROGRESS_SECONDS = 30.0
@@ -167,8 +167,9 @@ class _Pool:
             w.job = todo.pop(0)
             w.send.send(jobs[w.job])
         busy = {w.recv: w for w in workers if w.job is not None}
-        for conn in wait(list(busy)):
+        for conn in wait(list(busy), timeout=0.2):  # bounded: a stop request is seen
           self._answer(busy[conn], jobs)
+        check_stop()  # the workers are stopped below, finished parts kept
       for w in workers:
         w.send.send(None)
     finally:

@@ -36,7 +36,7 @@ from bert_jax.data import corpus, packing, prep_parts, pretraining_data
 from bert_jax.data.prep_store import HEADER, owner, shard_path, write_json
 from bert_jax.data.prep_check import writable
 from bert_jax.data.tokenizer import Tokenizer
-from bert_jax.errors import CorpusError
+from bert_jax.errors import CorpusError, check_stop
 from bert_jax.storage import fs
 
 if TYPE_CHECKING:
@@ -324,7 +324,9 @@ class _PartWriter:
 
   def _maybe_report(self) -> None:
     """Progress every _REPORT_SECONDS, from tokenising and from making pairs alike (a
-    window of a few huge documents makes pairs for a while with no new tokens)."""
+    window of a few huge documents makes pairs for a while with no new tokens). A safe
+    point too: a stop request (SIGTERM) ends the part here, unfinished, not cached."""
+    check_stop()
     if time.monotonic() >= self.next_report:
       self.next_report = time.monotonic() + _REPORT_SECONDS
       self.report(self.counts["tokens"], self._share_done(), self._examples())

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from bert_jax.errors import BertJaxError
+from bert_jax.errors import BertJaxError, ConfigError
 
 GCS = "gs://"
 # Rounds after the first. Each round is itself retried by the client library: gcsfs
@@ -33,7 +33,48 @@ class StorageError(BertJaxError):
 
 
 def is_gcs(path: Any) -> bool:
-  return str(path).startswith(GCS)
+  """True for `gs://bucket/...`, False for a local path; anything else that looks like a
+  URL (`GS://`, `gs:/b`, `s3://`, `gs://` without a bucket) is a ConfigError line, so no
+  such path ever becomes a local folder named like a bucket."""
+  text = str(path)
+  if text.startswith(GCS) and _bucket_of(text):
+    return True
+  if _URL_LIKE.match(text):
+    raise ConfigError(url_problem(text))
+  return False
+
+
+# A scheme and a colon then a slash (`s3://x`, `GS://x`, `gs:/x`, `file:///x`): a URL,
+# never a local path a user means (a local name with a colon has no slash after it).
+_URL_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
+def _bucket_of(url: str) -> str:
+  return url[len(GCS):].split("/", 1)[0]
+
+
+def url_problem(path: str, what: str = "") -> str:
+  """Why `path`, which looks like a URL, is not one bert-jax can use (one line)."""
+  head = f"{what} {path!r}" if what else repr(path)
+  scheme, _, rest = path.partition(":")
+  rest = rest.lstrip("/")
+  expected = "expected a local path or gs://bucket/path"
+  if scheme.lower() == "gs" and not path.startswith(GCS) or (
+      scheme.lower() == "gs" and path.startswith(GCS) and path[len(GCS):].startswith("/")):
+    if rest:
+      return f"{head} is not a valid bucket URL; {expected} (did you mean gs://{rest}?)"
+  if scheme.lower() == "gs":
+    return f"{head} names no bucket; {expected}"
+  return (f"{head}: the {scheme}:// scheme is not supported (only gs:// buckets and local "
+          f"paths are); {expected}")
+
+
+def check_path(what: str, path: Any) -> None:
+  """A ConfigError naming `what` (a flag, a config field) if `path` looks like a URL of a
+  scheme bert-jax does not support, or a malformed gs:// one; else nothing."""
+  text = str(path)
+  if _URL_LIKE.match(text) and not (text.startswith(GCS) and _bucket_of(text)):
+    raise ConfigError(url_problem(text, what))
 
 
 _TRANSIENT = re.compile(r"Cannot connect|Connection refused|Connection reset|Server disconnected|"

@@ -13,6 +13,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from bert_jax import errors
+
 # Several processes must stop at the same step, so they agree on the stop flag
 # with a collective. That waits for the device, so not every step: every
 # STOP_SYNC_EVERY steps (one process checks its own flag every step, for free).
@@ -30,8 +32,12 @@ class StopSignals:
   """
 
   def __init__(self):
-    self.signum: Optional[int] = None
     self._previous: dict = {}
+
+  @property
+  def signum(self) -> Optional[int]:
+    """The signal that asked to stop: one noted before training started counts too."""
+    return errors.stop_requested()
 
   def install(self) -> "StopSignals":
     if threading.current_thread() is threading.main_thread():
@@ -47,7 +53,7 @@ class StopSignals:
   def _handle(self, signum, frame) -> None:
     name = signal.Signals(signum).name
     if self.signum is None:
-      self.signum = signum
+      errors.request_stop(signum)
       msg = f"{name} received: checkpointing the current step, then stopping\n"
     else:
       msg = f"{name} received: already stopping, waiting for the checkpoint to finish\n"

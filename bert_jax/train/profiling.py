@@ -36,6 +36,7 @@ class StepProfiler:
     self.end: Optional[int] = None  # while tracing: the step it stops after
     self._local: Optional[str] = None
     self.captures: list[str] = []  # where each finished trace went
+    self._stuck: Optional[str] = None  # a request file that could not be removed
 
   @property
   def active(self) -> bool:
@@ -63,9 +64,25 @@ class StepProfiler:
     path = fs.join(self.workdir, REQUEST_FILE)
     if self.active or not fs.exists(path):
       return
-    text = fs.read_text(path).strip()
-    fs.remove(path)
-    n = int(text) if text.isdigit() and int(text) > 0 else self.on_demand_steps
+    n = self.on_demand_steps
+    try:  # any PROFILE is a request; a count it holds is a bonus
+      text = fs.read_text(path).strip()
+      if text.isdigit() and int(text) > 0:
+        n = int(text)
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # a folder, bytes, unreadable
+      console.warn(f"warning: profile: {path} could not be read as a step count ({type(e).__name__}); "
+                   f"tracing the default {n} steps")
+    try:
+      if fs.isdir(path):
+        fs.rmtree(path)
+      else:
+        fs.remove(path)
+    except OSError as e:  # left behind, it would ask again at every log point
+      if self._stuck != path:
+        console.warn(f"warning: profile: cannot remove {path} ({e.strerror or e}); the "
+                     "request is ignored until it can be")
+      self._stuck = path
+      return
     self._start(step, step + n)
 
   def close(self) -> None:

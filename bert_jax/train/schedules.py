@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 import jax.numpy as jnp
 import optax
 
+from bert_jax.settings import wsd_decay_start
+
 if TYPE_CHECKING:
   from bert_jax.settings import OptimizerSettings
 
@@ -47,9 +49,7 @@ def cosine(lr: float, warmup: int, num_steps: int, min_lr: float) -> optax.Sched
       end_value=min_lr)
 
 
-def decay_start(num_steps: int, decay_fraction: float) -> int:
-  """The first step of a WSD schedule's decay."""
-  return num_steps - int(round(decay_fraction * num_steps))
+decay_start = wsd_decay_start  # the first step of a WSD schedule's decay (settings owns it)
 
 
 def wsd(lr: float, warmup: int, num_steps: int, decay_fraction: float, shape: str,
