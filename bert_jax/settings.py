@@ -231,8 +231,11 @@ class RunSettings:
     if not (isinstance(self.straggler_factor, (int, float)) and (
         self.straggler_factor == 0 or 1 < self.straggler_factor < float("inf"))):
       raise _fail("straggler_factor", self.straggler_factor, "0 (off) or a number > 1")
-    if not (isinstance(self.watchdog_s, (int, float)) and 0 <= self.watchdog_s < float("inf")):
-      raise _fail("watchdog_s", self.watchdog_s, "seconds >= 0 (0 = off)")
+    if not (isinstance(self.watchdog_s, (int, float)) and 0 <= self.watchdog_s < float("inf")
+            and (self.watchdog_s == 0 or self.watchdog_s >= MIN_WATCHDOG_S)):
+      raise _fail("watchdog_s", self.watchdog_s, f"0 (off) or seconds >= {MIN_WATCHDOG_S:g} "
+                  "(a shorter wait fires between healthy steps; the watchdog is for hangs of "
+                  "minutes)")
     if not _is_int(self.eval_batches) or self.eval_batches < 0:
       raise _fail("eval_batches", self.eval_batches, "an integer >= 0 (0 = the whole eval split)")
 
@@ -344,6 +347,8 @@ def data_settings(config: ml_collections.ConfigDict) -> DataSettings:
   data.pop("extend_vocab", None)  # read by InitSettings: it changes the vocabulary file
   return DataSettings(**data, objective=config.get("objective", "mlm+nsp"))
 
+
+MIN_WATCHDOG_S = 1.0  # train/watchdog: below this, healthy steps' gaps look like hangs
 
 # Config fields that hold a path: each a local path or a gs:// URL, checked first.
 PATH_FIELDS = ("data.corpus", "data.vocab_file", "data.cache_dir", "init_from",

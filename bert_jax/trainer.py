@@ -67,6 +67,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     s = init_from.run_settings(s, source)
   probe_tasks = probes.load_tasks(s.probe)  # config.probe.tasks, read before anything is written
   _check_workdir(workdir)
+  for where in (s.data.cache_dir, s.run.compile_cache_dir):
+    if where and fs.is_gcs(where):  # every output location, before any work
+      fs.check_bucket(where)
   _enable_compile_cache(s.run.compile_cache_dir)
   mesh = sharding.make_mesh(s.mesh.model_parallel)
   sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)

@@ -19,6 +19,7 @@ import http.server
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -84,7 +85,17 @@ class GcsServer:
       self._proc.wait()
       self._proc = None
 
+  def pause(self) -> None:
+    """SIGSTOP: the server accepts connections and answers nothing (a stalled server),
+    until `resume`."""
+    os.kill(self._proc.pid, signal.SIGSTOP)
+
+  def resume(self) -> None:
+    os.kill(self._proc.pid, signal.SIGCONT)
+
   def close(self) -> None:
+    if self._proc is not None:
+      self.resume()  # a stopped process cannot be killed until it runs again
     self.stop()
     for k, v in self._saved_env.items():
       if v is None:

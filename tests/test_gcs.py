@@ -152,8 +152,10 @@ def test_a_second_run_on_a_held_bucket_workdir_stops_naming_the_holder(server):
 HOLD_AND_WAIT = """
 import sys, time
 sys.path.insert(0, {root!r})
-from bert_jax.parallel import workdir_lock
-with workdir_lock.hold("gs://bkt/killed", 0):
+from bert_jax.parallel import bucket_lock, workdir_lock
+if {other_machine!r}:  # a holder on another VM: its boot is not this one's
+  bucket_lock.boot_id = lambda: "boot-of-another-vm"
+with workdir_lock.hold("gs://bkt/{name}", 0):
   print("held", flush=True)
   time.sleep(600)
 """
@@ -163,8 +165,8 @@ def test_a_killed_holders_lease_expires_and_the_next_run_takes_over_saying_so(
     server, capfd, monkeypatch):
   from bert_jax.parallel import bucket_lock, workdir_lock
   env = {**os.environ, "BERT_JAX_LOCK_LEASE_S": "3"}
-  proc = subprocess.Popen([sys.executable, "-c", HOLD_AND_WAIT.format(root=ROOT)], env=env,
-                          stdout=subprocess.PIPE, text=True)
+  proc = subprocess.Popen([sys.executable, "-c", HOLD_AND_WAIT.format(
+      root=ROOT, other_machine=True, name="killed")], env=env, stdout=subprocess.PIPE, text=True)
   assert proc.stdout.readline().strip() == "held"
   proc.send_signal(signal.SIGKILL)  # no release: the object stays, renewed no more
   proc.wait()
@@ -177,6 +179,27 @@ def test_a_killed_holders_lease_expires_and_the_next_run_takes_over_saying_so(
     pass
   err = capfd.readouterr().err
   assert f"took over from a run that stopped renewing it (pid {proc.pid}" in err, err
+
+
+def test_a_holder_killed_on_this_machine_is_taken_over_at_once(server, capfd, monkeypatch):
+  """Same boot id, pid gone (kill -9, then the rerun): no wait for the lease (issue 41)."""
+  from bert_jax.parallel import bucket_lock, workdir_lock
+  env = {**os.environ, "BERT_JAX_LOCK_LEASE_S": "60"}
+  proc = subprocess.Popen([sys.executable, "-c", HOLD_AND_WAIT.format(
+      root=ROOT, other_machine=False, name="killed-here")], env=env, stdout=subprocess.PIPE,
+                          text=True)
+  assert proc.stdout.readline().strip() == "held"
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  monkeypatch.setattr(bucket_lock, "LEASE_S", 60.0)
+  started = time.monotonic()
+  with workdir_lock.hold("gs://bkt/killed-here", 0):
+    pass
+  assert time.monotonic() - started < 10
+  err = capfd.readouterr().err
+  assert (f"took over from a run on this machine whose process is gone (pid {proc.pid}"
+          in err), err
+  assert not server.objects(prefix="killed-here")  # released in turn
 
 
 def _steal(path: str, holder: dict) -> None:
@@ -272,6 +295,18 @@ def test_a_missing_bucket_workdir_is_one_error_line_and_exit_2(server, tmp_path)
   assert "Traceback" not in proc.stderr
 
 
+def test_a_cache_dir_in_a_missing_bucket_is_one_line_before_any_preparation(server, tmp_path):
+  workdir = tmp_path / "run"
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
+                         *_gcs_args(str(workdir), "gs://no-such-bucket/prepared")],
+                        env=soak_kill.subprocess_env(), capture_output=True, text=True,
+                        timeout=300)
+  errors = _errors(proc.stderr)
+  assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+  assert "gs://no-such-bucket" in errors[0] and "Preparing" not in proc.stdout
+  assert not workdir.exists()  # nothing written
+
+
 @pytest.mark.slow
 def test_kill_9_mid_save_and_anywhere_then_resume_on_a_bucket_equals_the_local_run(
     server, local_reference, tmp_path):
@@ -305,7 +340,7 @@ def test_kill_9_mid_save_and_anywhere_then_resume_on_a_bucket_equals_the_local_r
     shutil.rmtree(vm, ignore_errors=True)  # the spot VM is gone with its disk
     time.sleep(2.5)  # the dead run's lease expires
   last = soak_kill.run_to_end(args, env)
-  assert "took over from a run that stopped renewing it" in last.stderr
+  assert "workdir lock gs://bkt/killed-run/.lock-0: took over from" in last.stderr
   diffs = soak_kill.differences(local_reference, mirror)
   assert not diffs, diffs
   assert _complete_steps(server, "killed-run") == soak_kill.complete_steps(local_reference)

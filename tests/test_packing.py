@@ -174,6 +174,31 @@ def test_packed_data_has_the_same_bytes_for_1_and_2_workers_and_every_token(
   assert fill[True] > 0.85 and fill[False] < 0.6, fill
 
 
+def test_a_document_whose_text_spells_cls_stays_one_document_when_packed(tmp_path):
+  """Text about BERT says "[CLS]" and "[SEP]": it must not start a document in a packed
+  row (issue 41: the step split such a piece in two, its hidden states off by 0.83). The
+  packed rows' [CLS] tokens are exactly the unpacked rows, one per piece."""
+  docs = []
+  for d in range(60):
+    docs.append(f"Document {d} says [CLS] starts a row and [SEP] ends a segment.\n"
+                f"Its [MASK] token and [PAD] are special in BERT {d}.\n\n")
+  path = tmp_path / "bert_docs.txt"
+  path.write_text("".join(docs), encoding="utf-8")
+  base = {"corpus": str(path), "vocab_size": 200, "dupe_factor": 1, "objective": "mlm"}
+  rows = {}
+  for packed in (False, True):
+    p = dataset.prepare(DataSettings(**base, packing=packed), [64], str(tmp_path / str(packed)),
+                        seed=0)
+    cls = p.tokenizer.cls_id
+    src = p.train[64]
+    rows[packed] = [np.asarray(src[i]["input_ids"]) for i in range(len(src))]
+    assert "[CLS]" not in p.tokenizer.decode(  # the text's [CLS] is the text's pieces
+        [t for r in rows[packed] for t in r if t != cls])
+  cls_packed = sum(int((r == cls).sum()) for r in rows[True])
+  assert all(int((r == cls).sum()) == 1 for r in rows[False])
+  assert len(rows[True]) < len(rows[False]) == cls_packed  # a [CLS] per piece, no more
+
+
 def test_a_packed_run_computes_on_real_tokens(tmp_path):
   from bert_jax.trainer import train_and_evaluate  # pylint: disable=import-outside-toplevel
   share = {}

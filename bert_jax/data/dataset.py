@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # data code takes its typed part of the settings, never a con
   from bert_jax.settings import DataSettings
 
 # Bump when the way examples are made or stored changes, so old caches are not reused.
-DATA_VERSION = 2
+DATA_VERSION = 3  # 3: text that spells [CLS], [SEP], [MASK], [PAD] is ordinary pieces
 
 
 @dataclasses.dataclass
@@ -364,7 +364,7 @@ def _part_size(c: DataSettings, fingerprint: dict) -> dict:
   if "tfds" in fingerprint:
     return {"tfds_part_examples": prep_parts.TFDS_PART_EXAMPLES}
   total = _corpus_bytes(c, fingerprint)
-  return {"part_bytes": prep_parts.part_bytes(total)} if total > prep_parts.PART_BYTES else {}
+  return {"part_bytes": prep_parts.part_bytes(total)} if total > prep_parts.part_bytes_limit() else {}
 
 
 def key(c: DataSettings, seed: int) -> str:  # the folder name in cache_dir of a whole corpus

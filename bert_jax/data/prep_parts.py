@@ -32,7 +32,16 @@ from bert_jax.storage import fs
 # files) stay small against its seconds of work, and with many more parts than
 # workers the last ones finish close together.
 # BERT_JAX_PREPARE_PART_BYTES: a hidden setting for tests of several parts on a small corpus.
-PART_BYTES = int(os.environ.get("BERT_JAX_PREPARE_PART_BYTES", 64 << 20))
+# Read and checked when used (a bad value is one line); a number set here wins (tests).
+PART_BYTES: int | None = None
+
+
+def part_bytes_limit() -> int:
+  if PART_BYTES is not None:
+    return PART_BYTES
+  return int(fs.env_number("BERT_JAX_PREPARE_PART_BYTES", 64 << 20, int, 1))
+
+
 MIN_PART_BYTES = 16 << 20
 TARGET_PARTS = 256
 TFDS_PART_EXAMPLES = 20_000  # ~60 MiB of Wikipedia articles
@@ -77,7 +86,7 @@ def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
     return [Part(0, 1, (), _size(spec))]
   paths = corpus.files(spec)
   sizes = [os.path.getsize(p) for p in paths]
-  if sum(sizes) <= PART_BYTES:
+  if sum(sizes) <= part_bytes_limit():
     return [Part(0, 1, (), sum(sizes))]
   step = part_bytes(sum(sizes))
   cuts = [(0, 0)]
@@ -100,9 +109,9 @@ def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
 
 def part_bytes(total: int) -> int:
   """The part size of a text corpus of `total` bytes (all of it for one part)."""
-  if total <= PART_BYTES:
+  if total <= part_bytes_limit():
     return total
-  return min(PART_BYTES, max(MIN_PART_BYTES, total // TARGET_PARTS))
+  return min(part_bytes_limit(), max(MIN_PART_BYTES, total // TARGET_PARTS))
 
 
 def _tfds_parts(n: int) -> list[Part]:

@@ -12,9 +12,9 @@ lowercasing, accent stripping and CJK spacing work character by character),
 text is split at whitespace and punctuation as BertPreTokenizer does (`str.split`,
 then `re` within each chunk), and each distinct word goes through HF's
 WordPiece model once; words and whitespace-delimited chunks are cached.
-Texts where this could differ go through HF's full pipeline: a special token
-such as `[MASK]` written in the text, or combining marks that NFD would
-reorder. tests/test_tokenizer.py checks equality on the built-in corpus and
+Texts where this could differ go through HF's full pipeline: combining marks
+that NFD would reorder. Text that spells a special token (`[MASK]`) is ordinary
+text, split into pieces as google-research/bert splits it. tests/test_tokenizer.py checks equality on the built-in corpus and
 on random text.
 """
 
@@ -112,8 +112,11 @@ class Tokenizer:
     hf.normalizer = _normalizer(self._lowercase)
     hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     hf.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
-    # Keeps "[MASK]" etc. atomic when they appear in text given to encode().
-    hf.add_special_tokens(list(SPECIAL_TOKENS))
+    # No added tokens: text that spells "[CLS]", "[SEP]", "[MASK]" or "[PAD]" becomes
+    # ordinary pieces ("[", "cl", "##s", "]"), as google-research/bert's tokenizer makes
+    # them. Special ids come only from where bert-jax places them (a row's [CLS] and
+    # [SEP], masking's [MASK], padding), so a packed row's [CLS] tokens are exactly the
+    # document starts its preparation wrote.
     self._hf = hf
     self._chunks = _ChunkCache(_WordCache(hf.model, ids[UNK]))
     self._chars = _CharTable(hf, self._lowercase)
@@ -227,9 +230,7 @@ class Tokenizer:
     ready: list[str] = []
     slow: list[int] = []
     for i, text in enumerate(texts):
-      if "[" in text and any(t in text for t in SPECIAL_TOKENS):
-        text, _ = "", slow.append(i)  # added tokens are matched before normalizing
-      elif not text.isascii():
+      if not text.isascii():
         text = text.translate(self._chars)
         if _UNSAFE in text:
           text, _ = "", slow.append(i)
@@ -266,8 +267,10 @@ class Tokenizer:
     return flat[flat != _TEXT_END], lengths
 
   def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-    """Text of `ids` with word pieces joined."""
-    return self._hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+    """Text of `ids` with word pieces joined (without [PAD], [UNK], [CLS], [SEP], [MASK]
+    when `skip_special_tokens`)."""
+    skip = set(self.special_ids()) if skip_special_tokens else set()
+    return self._hf.decode([int(i) for i in ids if int(i) not in skip])
 
   def id_to_token(self, i: int) -> str:
     return self._vocab[int(i)]

@@ -62,7 +62,7 @@ def check_held(verify: bool = False) -> None:
       raise WorkdirLost(
           f"lost the lock {lease.path}: another run took this workdir over "
           f"({describe(lease.lost)}) after this one did not renew its lease within "
-          f"{bucket_lock.LEASE_S:.0f} s; stopped without writing more; expected one run "
+          f"{bucket_lock.lease_s():.0f} s; stopped without writing more; expected one run "
           "per workdir (the other run goes on)")
 
 
@@ -122,8 +122,8 @@ def _hold_bucket(workdir: str, process_index: int, lock_file: str | None) -> Ite
 
   def in_use(holder: dict) -> WorkdirInUse:
     return WorkdirInUse(f"workdir {workdir} is in use by another run ({describe(holder)}; "
-                        f"lock {path}, renewed every {bucket_lock.LEASE_S / 4:.0f} s); wait for "
-                        f"it to end (a killed run's lease expires {bucket_lock.LEASE_S:.0f} s "
+                        f"lock {path}, renewed every {bucket_lock.lease_s() / 4:.0f} s); wait for "
+                        f"it to end (a killed run's lease expires {bucket_lock.lease_s():.0f} s "
                         "after its last renewal) or use another --workdir", holder)
   with bucket_lock.hold(path, holder_record(process_index=int(process_index)), in_use,
                         describe) as lease:

@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from bert_jax.storage.retries import (GCS, StorageError, check_bucket, check_path,  # noqa: F401
-                                     is_gcs, is_transient, retrying, storage_error)
+                                     env_number, is_gcs, is_transient, retrying,
+                                     storage_error)
 
 T = TypeVar("T")
 

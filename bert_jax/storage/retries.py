@@ -21,10 +21,38 @@ GCS = "gs://"
 # Rounds after the first. Each round is itself retried by the client library: gcsfs
 # tries 6 times with exponential backoff (about 30 s against a server that refuses),
 # google-cloud-storage (the lock) for up to 10 s, TensorStore (checkpoint arrays) by
-# its own policy.
-RETRIES = int(os.environ.get("BERT_JAX_GCS_RETRIES", 1))
-BACKOFF_S = float(os.environ.get("BERT_JAX_GCS_BACKOFF_S", 2.0))  # doubled per round
+# its own policy. None: BERT_JAX_GCS_RETRIES (default 1) and BERT_JAX_GCS_BACKOFF_S
+# (2 s, doubled per round), read and checked when used; a number set here wins (tests).
+RETRIES: int | None = None
+BACKOFF_S: float | None = None
 T = TypeVar("T")
+
+
+def env_number(name: str, default: float, kind: type = float, minimum: float = 0.0,
+               above: bool = False) -> float:
+  """The environment setting `name` as a `kind` (int or float) >= `minimum` (> with
+  `above`), `default` when unset; a ConfigError line naming it otherwise. Read when used,
+  never at import, so a bad value is one line from the command that needs it."""
+  text = os.environ.get(name)
+  if text is None or not text.strip():
+    return kind(default)
+  try:
+    value = kind(text)
+  except ValueError:
+    value = None
+  if value is None or value != value or (value <= minimum if above else value < minimum):
+    bound = f"{'>' if above else '>='} {minimum:g}"
+    raise ConfigError(f"environment variable {name}={text!r}: expected "
+                      f"{'an integer' if kind is int else 'a number'} {bound}")
+  return value
+
+
+def retry_rounds() -> int:
+  return RETRIES if RETRIES is not None else int(env_number("BERT_JAX_GCS_RETRIES", 1, int))
+
+
+def backoff_s() -> float:
+  return BACKOFF_S if BACKOFF_S is not None else env_number("BERT_JAX_GCS_BACKOFF_S", 2.0)
 
 
 class StorageError(BertJaxError):
@@ -113,7 +141,7 @@ def storage_error(path: str, e: BaseException, doing: str) -> StorageError:
     why = (f"no permission on gs://{bucket} for these credentials; expected read and write "
            "access (roles/storage.objectAdmin) for the credentials in the environment")
   elif is_gcs(path) and is_transient(e):
-    why = (f"the storage server did not answer in {RETRIES + 1} round(s) of retries with "
+    why = (f"the storage server did not answer in {retry_rounds() + 1} round(s) of retries with "
            f"backoff ({_short(e)}); expected a reachable bucket: rerun the same command "
            "once it is")
   else:
@@ -135,8 +163,8 @@ def retrying(path: str, doing: str, fn: Callable[[], T], passthrough: tuple = ()
   the `passthrough` exceptions."""
   if not is_gcs(path):
     return fn()
-  delay = BACKOFF_S
-  for attempt in range(RETRIES + 1):
+  delay, rounds = backoff_s(), retry_rounds()
+  for attempt in range(rounds + 1):
     try:
       return fn()
     except FileNotFoundError as e:
@@ -149,12 +177,12 @@ def retrying(path: str, doing: str, fn: Callable[[], T], passthrough: tuple = ()
     except passthrough:  # answers the caller acts on (a precondition that failed)
       raise
     except Exception as e:  # pylint: disable=broad-except
-      if attempt < RETRIES and is_transient(e):
+      if attempt < rounds and is_transient(e):
         time.sleep(delay)
         delay *= 2
         continue
       raise storage_error(path, e, doing) from None
-  raise AssertionError("unreachable")
+  raise StorageError(f"cannot {doing} {path}: no attempt was made")  # rounds >= 0: unreachable
 
 
 def check_bucket(path: str) -> None:

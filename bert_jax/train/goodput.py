@@ -137,8 +137,8 @@ class Ledger:
         fs.write_json(self.path, r, indent=1)  # atomic: the last record stays whole
       except OSError as e:  # a full or read-only disk: one line, as for the metrics
         raise ConfigError(f"could not write {self.path}: {console.write_reason(e)}; expected "
-                          "a workdir with free space that can be written (the checkpoints "
-                          "are intact: rerun the same command once it can be)") from None
+                          "a workdir with free space that can be written (what was written "
+                          "before is intact: rerun the same command once it can be)") from None
     return r
 
   def total(self) -> dict:

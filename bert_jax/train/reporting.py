@@ -160,8 +160,8 @@ class Reporter:
   @staticmethod
   def _write_error(e: OSError, path: str) -> ConfigError:
     return ConfigError(f"could not write {path}: {console.write_reason(e)}; "
-                       "expected a workdir with free space that can be written (the "
-                       "checkpoints are intact: rerun the same command once it can be)")
+                       "expected a workdir with free space that can be written (what was "
+                       "written before is intact: rerun the same command once it can be)")
 
   def skipped_warning(self) -> Optional[str]:
     """One `warning:` line about the last read's skipped lines, or None."""

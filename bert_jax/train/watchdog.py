@@ -5,9 +5,10 @@ network partition) or an input pipeline stuck on storage blocks the loop forever
 and a run on rented hardware pays for every hour of it. The loop beats at every step
 it dispatches, and it dispatches at most a few ahead of the device, so a step that
 never completes stops the beats. When none comes for `watchdog_s` seconds, this thread
-writes the Python stack of every thread of the process (its name, then its stack, innermost call last) to
-`<workdir>/hang-<host>-<pid>-step<N>.txt` (through a local file on a bucket workdir)
-and says one line on stderr; with `watchdog_exit` it then ends the process with exit
+writes the Python stack of every thread of the process (its name, then its stack,
+innermost call last) to `<workdir>/hang-<host>-<pid>-step<N>.txt` and says one line on
+stderr. On a bucket workdir the file is written locally and the line said first; the
+copy to the bucket follows in the background (the stalled storage may be the hang); with `watchdog_exit` it then ends the process with exit
 status 3, so a scheduler restarts the run, which resumes exactly from its newest
 checkpoint.
 
@@ -32,6 +33,8 @@ from typing import Optional
 from bert_jax.storage import fs
 
 EXIT_STATUS = 3  # ended by the watchdog: a scheduler may restart the run
+COPY_WAIT_S = 10.0  # at most this long for the hang file's copy to a bucket, before exiting
+MIN_TIMEOUT_S = 1.0  # settings refuses less: a step's own dispatch can take that long
 
 
 class Watchdog:
@@ -81,28 +84,51 @@ class Watchdog:
         self._fire(idle)
 
   def _fire(self, idle: float) -> None:
+    """Writes the stacks to a local file and says so first, then copies the file to a
+    bucket workdir best-effort in a thread of its own: the storage may be what hangs,
+    and a watchdog never waits on it longer than COPY_WAIT_S (before exiting)."""
     name = f"hang-{socket.gethostname()}-{os.getpid()}-step{self.step}.txt"
-    fd, local = tempfile.mkstemp(prefix="bert_jax-hang-", suffix=".txt")
-    with os.fdopen(fd, "w") as f:
-      f.write(f"no training step completed for {idle:.0f} s after step {self.step} "
-              f"(config.watchdog_s={self.timeout_s:g}); every thread's Python stack:\n\n")
-      f.write(stacks())
-    path = fs.join(self.workdir, name)
+    text = (f"no training step completed for {idle:.0f} s after step {self.step} "
+            f"(config.watchdog_s={self.timeout_s:g}); every thread's Python stack:\n\n"
+            + stacks())
+    bucket = fs.is_gcs(self.workdir)
+    if bucket:
+      fd, local = tempfile.mkstemp(prefix="bert_jax-hang-", suffix=".txt")
+      os.close(fd)
+    else:
+      local = os.path.join(self.workdir, name)
     try:
-      fs.upload(local, path)
-      os.remove(local)
-    except Exception:  # pylint: disable=broad-except
-      path = local  # the workdir cannot take it (the storage may be what hangs)
-    self.fired = path
+      fs.write_text(local, text)
+    except OSError:  # a full or read-only local disk: the line still goes out
+      local = None
+    self.fired = local or "(not written: the local disk refused it)"
+    copy = None
+    where = self.fired
+    if bucket and local is not None:
+      target = fs.join(self.workdir, name)
+      copy = threading.Thread(target=self._copy, args=(local, target), daemon=True,
+                              name="bert_jax-watchdog-copy")
+      where = f"{local} (being copied to {target})"
     end = (f"; exiting with status {EXIT_STATUS} (config.watchdog_exit) so a scheduler "
            "restarts the run; it resumes from its newest checkpoint" if self.exit_on_hang
            else "; still waiting")
-    sys.stderr.write(f"error: no training step completed for {idle:.0f} s after step "
-                     f"{self.step} (config.watchdog_s={self.timeout_s:g}); the stacks of "
-                     f"every thread are in {path}{end}\n")
-    sys.stderr.flush()
+    # One write to the descriptor: never behind a lock another (hung) thread may hold.
+    os.write(2, (f"error: no training step completed for {idle:.0f} s after step {self.step} "
+                 f"(config.watchdog_s={self.timeout_s:g}); the stacks of every thread are in "
+                 f"{where}{end}\n").encode())
+    if copy is not None:
+      copy.start()
     if self.exit_on_hang:
+      if copy is not None:
+        copy.join(COPY_WAIT_S)  # bounded: a stalled bucket does not delay the exit more
       os._exit(EXIT_STATUS)  # pylint: disable=protected-access  (the main thread is stuck)
+
+  def _copy(self, local: str, target: str) -> None:
+    try:
+      fs.upload(local, target)
+      self.fired = target
+    except Exception:  # pylint: disable=broad-except
+      pass  # the local file stays, named in the line already said
 
 
 def stacks() -> str:
