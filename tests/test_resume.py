@@ -225,3 +225,34 @@ def test_classify_looks_at_the_causes():
   except ValueError as outer:
     assert checkpointing.classify(outer) == ("environment",
                                              "OSError: [Errno 30] Read-only file system")
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_a_checkpoint_but_before_its_eval_row_redoes_that_eval(tmp_path):
+  """Checkpoint 8 visible, the eval row of step 8 not yet written (kill -9 in between:
+  the save is started before the evaluation). The resume evaluates step 8 again and its
+  row is the uninterrupted run's (issue 41: the row was lost for good)."""
+  import json
+  from bert_jax.trainer import train_and_evaluate
+  cache = str(tmp_path / "prepared")
+  config = lambda: soak_kill.tiny_config(cache, 12, eval_every=4)  # noqa: E731
+  whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+  train_and_evaluate(config(), whole)
+  shutil.copytree(whole, cut)
+  for step in soak_kill.complete_steps(cut):
+    if step > 8:
+      shutil.rmtree(os.path.join(cut, "checkpoints", str(step)))
+  metrics = os.path.join(cut, "metrics.jsonl")
+  with open(metrics, encoding="utf-8") as f:
+    rows = [json.loads(l) for l in f]
+  kept = [r for r in rows if r["step"] < 8 or (r["step"] == 8 and r["split"] == "train")]
+  with open(metrics, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(r) + "\n" for r in kept)
+  train_and_evaluate(config(), cut)
+
+  def evals(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+      return {r["step"]: r for r in map(json.loads, f) if r["split"] == "eval"}
+  got, want = evals(cut), evals(whole)
+  assert sorted(got) == sorted(want) == [4, 8, 12]
+  assert got[8]["loss"] == want[8]["loss"] and got[12]["loss"] == want[12]["loss"]

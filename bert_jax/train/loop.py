@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import numpy as np
 from tqdm import tqdm
 
@@ -151,6 +152,7 @@ class TrainLoop:
                smoothing=0.05, disable=not run.progress_bar or jax.process_index() != 0)
     try:
       with console.through(bar), self.watchdog:
+        self._redo_lost_eval()
         for phase in self.s.train.phases:
           if st.step < phase.end:  # phases the restored step is past keep the position
             self._train_phase(phase, bar)
@@ -327,6 +329,24 @@ class TrainLoop:
       self._stragglers_named[found[0]] = step
       console.warn(found[1] + f" (step {step})")
     return stragglers.row(times)
+
+  def _redo_lost_eval(self) -> None:
+    """The evaluation of the restored step, when it is an evaluation step whose row is
+    missing. A step's checkpoint is started before its evaluation (so a stop signal is
+    answered at once), and becomes visible while the evaluation runs: a run killed then
+    left a checkpoint without its eval row, which the resume would never write."""
+    st = self.state
+    if not st.step or st.step % self.s.run.eval_every or st.step >= self.s.train.num_steps:
+      return
+    have = any(isinstance(r, dict) and r.get("split") == "eval" and r["step"] == st.step
+               for r in self.reporter.history(st.step))
+    if jax.process_count() > 1:  # every process evaluates, or none: process 0 decides
+      have = bool(multihost_utils.broadcast_one_to_all(np.int32(have)))
+    if have:
+      return
+    phase = next(p for p in self.s.train.phases if p.start < st.step <= p.end)
+    with self.watchdog.paused():
+      self._eval_point(phase)
 
   def _eval_point(self, phase: Phase) -> None:
     ev = self._after_eval(self.evaluate(phase))
