@@ -14,6 +14,11 @@ from typing import Any
 from bert_jax.errors import ConfigError
 
 
+def wsd_decay_start(num_steps: int, decay_fraction: float) -> int:
+  """The first step of a WSD schedule's decay (train/schedules, and settings' check)."""
+  return num_steps - int(round(decay_fraction * num_steps))
+
+
 def fail(field: str, value: Any, expected: str) -> ConfigError:
   return ConfigError(f"--config.{field}={value!r}: expected {expected}")
 

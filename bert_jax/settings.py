@@ -20,6 +20,7 @@ from bert_jax import default_config
 from bert_jax.data import corpus, pretraining_data
 from bert_jax.errors import ConfigError
 from bert_jax.storage.retries import check_path
+from bert_jax.options import wsd_decay_start
 from bert_jax.options import (  # noqa: F401  (re-exported: settings' names)
     PROBE_POOLINGS, BatchRampSettings, ProbeSettings, ProfileSettings, SpikeSettings,
     fail as _fail, is_int as _is_int, positive_int as _positive_int)
@@ -29,11 +30,6 @@ MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] plus room to mask something
 OPTIMIZERS = ("adamw", "lamb")  # `config.train.optimizer`; optim.make_optimizer builds them
 SCHEDULES = ("linear", "cosine", "wsd", "inverse_sqrt")  # `config.train.schedule` (train/schedules)
 DECAY_SHAPES = ("linear", "cosine", "sqrt")  # `config.train.decay_shape`, of a wsd schedule
-
-
-def wsd_decay_start(num_steps: int, decay_fraction: float) -> int:
-  """The first step of a WSD schedule's decay (train/schedules, and the check here)."""
-  return num_steps - int(round(decay_fraction * num_steps))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,9 +56,8 @@ def boot_id() -> str:
   a pid that is gone was killed on this machine: its lease need not be waited out. A spot
   VM's replacement boots with another id and waits as any other machine."""
   try:
-    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:  # noqa: SIM115
-      return f.read().strip()
-  except OSError:
+    return fs.read_text("/proc/sys/kernel/random/boot_id").strip()
+  except (OSError, UnicodeDecodeError):
     return ""
 
 

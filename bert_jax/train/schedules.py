@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import jax.numpy as jnp
 import optax
 
-from bert_jax.settings import wsd_decay_start
+from bert_jax.options import wsd_decay_start
 
 if TYPE_CHECKING:
   from bert_jax.settings import OptimizerSettings
