@@ -94,6 +94,10 @@ def _masking() -> ml_collections.ConfigDict:
 def _model() -> ml_collections.ConfigDict:
   """Model."""
   c = ml_collections.ConfigDict()
+  # 'bert' (the 2018 model, bit for bit) or 'modernbert' (transformers' ModernBertModel:
+  # RoPE, GeGLU, pre-norm, alternating global and sliding-window attention; objective
+  # 'mlm'; configs/modernbert_base.py). docs/modernbert.md.
+  c.family = "bert"
   c.hidden_size = 768  # width of every layer
   c.num_layers = 12  # transformer layers
   c.num_heads = 12  # attention heads (must divide hidden_size)
@@ -133,6 +137,16 @@ def _model() -> ml_collections.ConfigDict:
   # XLA's own dots, faster there; mixed: 'ynnpack', XLA's library fusions), 'ynnpack' or
   # 'eigen'. Training steps always keep XLA's default. Same values either way.
   c.cpu_forward_dots = "auto"
+  # family='modernbert' only (transformers' ModernBertConfig names and defaults).
+  c.global_rope_theta = 160000.0  # RoPE base of the global-attention layers
+  c.local_rope_theta = 10000.0  # RoPE base of the sliding-window layers
+  c.local_attention = 128  # a local layer attends to keys within local_attention // 2
+  c.global_attn_every_n_layers = 3  # layers 0, n, 2n, ... are global, the rest local
+  c.attention_bias = False  # biases of Wqkv and Wo
+  c.mlp_bias = False  # biases of Wi and Wo
+  c.norm_bias = False  # LayerNorm biases
+  c.decoder_bias = True  # the MLM decoder's bias
+  c.classifier_bias = False  # the MLM head's dense bias
   return c
 
 

@@ -27,7 +27,9 @@ from bert_jax.options import (  # noqa: F401  (re-exported: settings' names)
 from bert_jax.model.config import BertConfig
 
 MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] plus room to mask something
-OPTIMIZERS = ("adamw", "lamb")  # `config.train.optimizer`; optim.make_optimizer builds them
+# `config.train.optimizer`; optim.make_optimizer builds them. 'stable_adamw': AdamW with
+# StableAdamW's per-tensor update clipping (ModernBERT's optimizer).
+OPTIMIZERS = ("adamw", "lamb", "stable_adamw")
 SCHEDULES = ("linear", "cosine", "wsd", "inverse_sqrt")  # `config.train.schedule` (train/schedules)
 DECAY_SHAPES = ("linear", "cosine", "sqrt")  # `config.train.decay_shape`, of a wsd schedule
 
@@ -237,9 +239,11 @@ class RunSettings:
 
 
 # The model's shape and numerics, which a run with --config.init_from takes from its source.
-SOURCE_MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "intermediate_size",
+SOURCE_MODEL_FIELDS = ("family", "num_layers", "hidden_size", "num_heads", "intermediate_size",
                        "max_position_embeddings", "type_vocab_size", "gelu_approximate",
-                       "layer_norm_eps")
+                       "layer_norm_eps", "local_attention", "global_attn_every_n_layers",
+                       "attention_bias", "mlp_bias", "norm_bias", "decoder_bias",
+                       "classifier_bias")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,7 +395,10 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   init = _init_settings(c, data)
   if not init.path:  # else the shape is the source's: bert_jax.train.init_from checks the config
     model.validate()
-  if model.type_vocab_size < 2 and not init.path:  # one row would embed A and B alike
+  if model.family == "modernbert" and c.get("objective", "mlm+nsp") != "mlm":
+    raise _fail("objective", c.get("objective", "mlm+nsp"), "'mlm' with --config.model.family="
+                "'modernbert' (it has no next-sentence or sentence-order head)")
+  if model.family == "bert" and model.type_vocab_size < 2 and not init.path:  # A and B alike
     raise _fail("model.type_vocab_size", model.type_vocab_size,
                 ">= 2 (segment A and segment B of a sentence pair)")
   # A continued run's position table is its source's: bert_jax.train.init_from checks seq_lens.

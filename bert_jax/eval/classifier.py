@@ -12,7 +12,8 @@ import numpy as np
 
 # The pre-training heads' building blocks, so the new head is made exactly as
 # the NSP head is (same initialiser, float32 output, the mixed-precision dot).
-from bert_jax.model.bert import BertModel, Dropout, dense_kw, normal_init, zeros_init
+from bert_jax.model.bert import Dropout, dense_kw, normal_init, zeros_init
+from bert_jax.model.family import encoder_model
 from bert_jax.model.config import BertConfig
 
 
@@ -26,7 +27,7 @@ class SequenceClassifier(nn.Module):
   @nn.compact
   def __call__(self, ids_BxL, segments_BxL, mask_BxL, deterministic: bool = True):
     c = self.config
-    pooled_BxD = BertModel(c, name="bert")(ids_BxL, segments_BxL, mask_BxL,
+    pooled_BxD = encoder_model(c, name="bert")(ids_BxL, segments_BxL, mask_BxL,
                                            deterministic).pooled_BxD
     pooled_BxD = Dropout(self.head_dropout, c.dropout_rng)(pooled_BxD, deterministic=deterministic)
     return nn.Dense(self.num_classes, **dense_kw(c, dtype=jnp.float32),

@@ -47,7 +47,7 @@ from bert_jax.io import checkpointing
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.model.config import BertConfig
 from bert_jax.model import precision
-from bert_jax.model.bert import BertModel
+from bert_jax.model.family import encoder_model
 from bert_jax.data.tokenizer import Tokenizer
 
 POOLINGS = ("cls", "mean", "pooler", "none")
@@ -240,7 +240,7 @@ class Extractor:
                                       attention_kernel=attention_kernel,
                                       cpu_forward_dots=cpu_forward_dots
                                       or config.cpu_forward_dots).validate()
-    self._model = BertModel(self.config)
+    self._model = encoder_model(self.config)
     self._replicated = sharding.replicated(self.mesh)
     self._batch_sharding = sharding.batch_sharding(self.mesh)
     # Features come back replicated on a training mesh: each process reads all of them.

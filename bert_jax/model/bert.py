@@ -407,22 +407,13 @@ class BertForPreTraining(nn.Module):
     return PreTrainingOutput(logits_BxPxV, nsp_Bx2, enc)
 
 
-def _boxed_params(config: BertConfig, key: jax.Array) -> Any:
-  ids = jnp.zeros((1, 8), jnp.int32)
-  variables = BertForPreTraining(config).init(
-      {"params": key, "dropout": key}, ids, ids, ids, jnp.zeros((1, 1), jnp.int32))
-  return variables["params"]
-
-
 def abstract_params(config: BertConfig) -> Any:
-  """The parameter tree's shapes, dtypes and logical axis names, allocating nothing.
-
-  Leaves are `nn.Partitioned` boxes of `jax.ShapeDtypeStruct`: give them to
-  `sharding.tree_shardings` for shardings, or `nn.meta.unbox` them for shapes.
-  """
-  return jax.eval_shape(functools.partial(_boxed_params, config), jax.random.key(0))
+  """The parameter tree's shapes and logical axis names (model/family: either family)."""
+  from bert_jax.model import family  # pylint: disable=import-outside-toplevel  (it imports this)
+  return family.abstract_params(config)
 
 
 def init_params(config: BertConfig, key: jax.Array) -> Any:
-  """Freshly initialised parameters (plain arrays), as the reference initialises them."""
-  return nn.meta.unbox(_boxed_params(config, key))
+  """Freshly initialised parameters (model/family: either family)."""
+  from bert_jax.model import family  # pylint: disable=import-outside-toplevel
+  return family.init_params(config, key)

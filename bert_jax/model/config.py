@@ -18,9 +18,17 @@ CPU_FORWARD_DOTS = ("auto", "ynnpack", "eigen")
 ATTENTION_SOFTMAX = ("standard", "deferred")
 
 
+FAMILIES = ("bert", "modernbert")  # model/bert.py, model/modernbert.py
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
+  """The encoder's shape and numerics, for either family (`family`)."""
   vocab_size: int  # real vocabulary size (tokenizer)
+  # 'bert' (the 2018 model, the default) or 'modernbert' (transformers' ModernBertModel).
+  # The ModernBERT fields below mean nothing to BERT; BERT's type_vocab_size and
+  # max_position_embeddings table mean nothing to ModernBERT (rotary positions).
+  family: str = "bert"
   hidden_size: int = 768
   num_layers: int = 12
   num_heads: int = 12
@@ -72,6 +80,20 @@ class BertConfig:
   # TPU and GPU are not affected (bert_jax.model.precision.forward_compiler_options).
   cpu_forward_dots: str = "auto"
 
+  # ModernBERT (family='modernbert'), as transformers' ModernBertConfig names them. Its
+  # norm_eps is layer_norm_eps (1e-5 there); embedding and MLP dropout are dropout_rate,
+  # attention dropout attention_dropout_rate; hidden and head activations are GELU
+  # (gelu_approximate: its tanh form).
+  global_rope_theta: float = 160000.0
+  local_rope_theta: float = 10000.0
+  local_attention: int = 128  # a local layer's window: keys within local_attention // 2
+  global_attn_every_n_layers: int = 3  # layers 0, n, 2n, ... attend globally
+  attention_bias: bool = False
+  mlp_bias: bool = False
+  norm_bias: bool = False
+  decoder_bias: bool = True
+  classifier_bias: bool = False  # the MLM head's dense layer
+
   @property
   def padded_vocab_size(self) -> int:
     m = max(1, self.vocab_pad_multiple)
@@ -102,6 +124,11 @@ class BertConfig:
     for name in ("dropout_rate", "attention_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ConfigError(f"config.model.{name}={getattr(self, name)!r}: expected 0 <= rate < 1")
+    if self.family not in FAMILIES:
+      raise ConfigError(f"config.model.family={self.family!r}: expected one of "
+                        f"{', '.join(FAMILIES)}")
+    if self.family == "modernbert":
+      self._validate_modernbert()
     for name, choices in (("dropout_rng", _DROPOUT_RNGS),
                           ("cpu_attention_layout", _CPU_ATTENTION_LAYOUTS),
                           ("remat_policy", REMAT_POLICIES),
@@ -131,6 +158,24 @@ class BertConfig:
       raise ConfigError(f"config.model.dtype={self.dtype!r}: expected one of "
                         f"{sorted(_DTYPES)}{hint}")
     return self
+
+  def _validate_modernbert(self) -> None:
+    for name in ("local_attention", "global_attn_every_n_layers"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"config.model.{name}={value!r}: expected a positive integer")
+    for name in ("global_rope_theta", "local_rope_theta"):
+      value = getattr(self, name)
+      if not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"config.model.{name}={value!r}: expected a positive number")
+    if (self.hidden_size // max(self.num_heads, 1)) % 2:
+      raise ConfigError(f"config.model.family='modernbert' rotates head dimensions in pairs, "
+                        f"but hidden_size/num_heads = {self.hidden_size}/{self.num_heads} is "
+                        "odd; expected an even head size")
+    if self.attention_kernel not in ("einsum", "jax"):
+      raise ConfigError(f"config.model.attention_kernel={self.attention_kernel!r} with "
+                        "family 'modernbert': expected 'einsum' or 'jax' (its sliding windows "
+                        "and document masks are a full [L, L] bias)")
 
   @classmethod
   def from_dict(cls, d: dict) -> "BertConfig":

@@ -34,8 +34,31 @@ def decay_mask(params: Any) -> Any:
   """
   def keep(path, _):
     name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path).lower()
-    return not any(s in name for s in ("bias", "layernorm", "layer_norm"))
+    # "/norm/": every LayerNorm's own parameters (ModernBERT's attn_norm, mlp_norm, ...;
+    # BERT's are all inside a "LayerNorm" module already).
+    return not any(s in name for s in ("bias", "layernorm", "layer_norm", "/norm/"))
   return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def scale_by_stable_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+  """Adam's update, each tensor's divided by max(1, RMS(g^2 / max(v_hat, eps^2))): the
+  update clipping of StableAdamW (Wortsman et al. 2023, arXiv 2304.13013; ModernBERT's
+  optimizer), which bounds a tensor's step when its second moment lags a sudden gradient.
+  The decoupled weight decay that follows is not rescaled (optimi's is): a deviation
+  listed in docs/deviations.md. Its state is Adam's, so it checkpoints like adamw."""
+  adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+
+  def update(grads, state, params=None):
+    updates, new_state = adam.update(grads, state, params)
+    count = new_state.count.astype(jnp.float32)
+    nu_hat = jax.tree.map(lambda v: v / (1.0 - b2 ** count), new_state.nu)
+
+    def clipped(u, g, v):
+      rms = jnp.sqrt(jnp.mean(jnp.square(g) / jnp.maximum(v, eps * eps)))
+      return u / jnp.maximum(1.0, rms)
+    return jax.tree.map(clipped, updates, grads, nu_hat), new_state
+
+  return optax.GradientTransformation(adam.init, update)
 
 
 class SkipNonFiniteState(NamedTuple):
@@ -85,9 +108,10 @@ def make_optimizer(train: OptimizerSettings) -> tuple[optax.GradientTransformati
   # max_grad_norm 0 means no clipping, as in HF Trainer and torch scripts.
   clip = (optax.clip_by_global_norm(train.max_grad_norm) if train.max_grad_norm > 0
           else optax.identity())
+  adam = (scale_by_stable_adam if train.optimizer == "stable_adamw" else optax.scale_by_adam)
   parts = [
       clip,
-      optax.scale_by_adam(b1=train.b1, b2=train.b2, eps=train.eps),
+      adam(b1=train.b1, b2=train.b2, eps=train.eps),
       # Decoupled: the decay is added after Adam's scaling, so it is not
       # rescaled by the second-moment estimate (AdamW, and the reference).
       optax.add_decayed_weights(train.weight_decay, mask=decay_mask),

@@ -26,11 +26,11 @@ import optax
 from jax.sharding import Mesh
 
 from bert_jax.parallel import sharding
-from bert_jax.model import losses, masking, precision, bert as model_lib
+from bert_jax.model import family, losses, masking, precision
+from bert_jax.model import family as model_lib
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.model.config import BertConfig
-from bert_jax.model.bert import BertForPreTraining
 from bert_jax.data.pretraining_data import OBJECTIVES, Batch
 from bert_jax.settings import MaskingSettings, OptimizerSettings, Settings
 
@@ -52,7 +52,7 @@ class TrainSteps:
                         f"{', '.join(OBJECTIVES)}")
     self.head_task = HEAD_TASK[objective]
     self.bert_config = bert_config
-    self.model = BertForPreTraining(bert_config)
+    self.model = family.pretraining_model(bert_config)
     self.tx, self.schedule = optim.make_optimizer(optimizer)
     self.mesh = mesh
     # The platform the steps are compiled for (a TPU mesh on a CPU host is TPU).

@@ -1,0 +1,211 @@
+"""The pure mapping between transformers' ModernBERT tensors (`ModernBertForMaskedLM`, `ModernBertModel`) and our ModernBERT parameter tree.
+
+HF `nn.Linear` weights are [out, in]; ours are [in, out] with the fused QKV split into
+(3, heads, head size) and Wi into (2, intermediate) on the output side, in HF's own
+order (`view(..., 3, H, K)`, `chunk(2)`), so a reshape and a transpose map them. The
+decoder is tied to the token embeddings (HF's `decoder.weight` is the same tensor) and
+keeps its own bias. Also config.json <-> BertConfig. No files here: bert_jax.io.convert.
+
+Shape legend: V vocab (Vp padded), D hidden, H heads, K head size, F intermediate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from bert_jax.errors import CheckpointError
+from bert_jax.model.config import BertConfig
+
+ARCHITECTURES = ("ModernBertForMaskedLM", "ModernBertModel")
+# hidden_activation / classifier_activation -> gelu_approximate.
+_ACTIVATIONS = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
+
+
+def is_modernbert(hf_config: Mapping) -> bool:
+  return hf_config.get("model_type") == "modernbert"
+
+
+def config_from_hf(hf: Mapping, source: str) -> BertConfig:
+  """A ModernBERT config.json as a BertConfig (family 'modernbert')."""
+  acts = {hf.get("hidden_activation", "gelu"), hf.get("classifier_activation", "gelu")}
+  if not acts <= set(_ACTIVATIONS) or len({_ACTIVATIONS[a] for a in acts}) != 1:
+    raise CheckpointError(f"{source}: activations {sorted(acts)} are not supported; expected "
+                          "gelu (or its tanh form) for both hidden_activation and "
+                          "classifier_activation")
+  for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size"):
+    if not isinstance(hf.get(field), int):
+      raise CheckpointError(f"{source}: config.json has no integer {field!r}; expected a "
+                            "ModernBertConfig")
+  local_theta = hf.get("local_rope_theta")
+  return BertConfig(
+      vocab_size=hf["vocab_size"], family="modernbert", hidden_size=hf["hidden_size"],
+      num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+      intermediate_size=hf["intermediate_size"],
+      max_position_embeddings=hf.get("max_position_embeddings", 8192),
+      dropout_rate=float(hf.get("embedding_dropout", 0.0)),
+      attention_dropout_rate=float(hf.get("attention_dropout", 0.0)),
+      layer_norm_eps=float(hf.get("norm_eps", 1e-5)),
+      initializer_range=float(hf.get("initializer_range", 0.02)),
+      gelu_approximate=_ACTIVATIONS[hf.get("hidden_activation", "gelu")],
+      global_rope_theta=float(hf.get("global_rope_theta", 160000.0)),
+      local_rope_theta=float(local_theta if local_theta is not None
+                             else hf.get("global_rope_theta", 160000.0)),
+      local_attention=int(hf.get("local_attention", 128)),
+      global_attn_every_n_layers=int(hf.get("global_attn_every_n_layers", 3)),
+      attention_bias=bool(hf.get("attention_bias", False)),
+      mlp_bias=bool(hf.get("mlp_bias", False)), norm_bias=bool(hf.get("norm_bias", False)),
+      decoder_bias=bool(hf.get("decoder_bias", True)),
+      classifier_bias=bool(hf.get("classifier_bias", False)))
+
+
+def hf_config(config: BertConfig, special: Mapping[str, int]) -> dict:
+  """The config.json of a transformers ModernBertForMaskedLM with `config`'s settings;
+  `special`: ids of pad, cls, sep, mask (bos = cls, eos = sep as ModernBERT's)."""
+  act = "gelu_pytorch_tanh" if config.gelu_approximate else "gelu"
+  return {
+      "architectures": ["ModernBertForMaskedLM"], "model_type": "modernbert",
+      "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+      "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
+      "intermediate_size": config.intermediate_size,
+      "max_position_embeddings": config.max_position_embeddings,
+      "hidden_activation": act, "classifier_activation": act,
+      "initializer_range": config.initializer_range, "initializer_cutoff_factor": 2.0,
+      "norm_eps": config.layer_norm_eps, "norm_bias": config.norm_bias,
+      "global_rope_theta": config.global_rope_theta,
+      "local_rope_theta": config.local_rope_theta, "local_attention": config.local_attention,
+      "global_attn_every_n_layers": config.global_attn_every_n_layers,
+      "attention_bias": config.attention_bias, "attention_dropout":
+      config.attention_dropout_rate, "embedding_dropout": config.dropout_rate,
+      "mlp_bias": config.mlp_bias, "mlp_dropout": config.dropout_rate,
+      "decoder_bias": config.decoder_bias, "classifier_bias": config.classifier_bias,
+      "classifier_pooling": "cls", "classifier_dropout": 0.0,
+      "pad_token_id": special["pad"], "cls_token_id": special["cls"],
+      "sep_token_id": special["sep"], "bos_token_id": special["cls"],
+      "eos_token_id": special["sep"], "mask_token_id": special.get("mask"),
+      "tie_word_embeddings": True, "torch_dtype": "float32",
+  }
+
+
+def _norm(prefix: str, path: tuple, c: BertConfig) -> list[tuple[str, tuple, str]]:
+  out = [(f"{prefix}.weight", path + ("norm", "scale"), "vector")]
+  if c.norm_bias:
+    out.append((f"{prefix}.bias", path + ("norm", "bias"), "vector"))
+  return out
+
+
+def tensor_table(c: BertConfig) -> list[tuple[str, tuple, str]]:
+  """(HF name in ModernBertForMaskedLM, our path, layout) of every tensor."""
+  D, H = c.hidden_size, c.num_heads  # noqa: N806
+  del D, H
+  t = [("model.embeddings.tok_embeddings.weight", ("bert", "tok_embeddings", "embedding"),
+        "table")]
+  t += _norm("model.embeddings.norm", ("bert", "embeddings_norm"), c)
+  for i in range(c.num_layers):
+    hf, ours = f"model.layers.{i}", ("bert", f"layer_{i}")
+    if i:
+      t += _norm(f"{hf}.attn_norm", ours + ("attn_norm",), c)
+    t.append((f"{hf}.attn.Wqkv.weight", ours + ("attn", "Wqkv", "kernel"), "in_split"))
+    t.append((f"{hf}.attn.Wo.weight", ours + ("attn", "Wo", "kernel"), "heads_in"))
+    if c.attention_bias:
+      t.append((f"{hf}.attn.Wqkv.bias", ours + ("attn", "Wqkv", "bias"), "flat"))
+      t.append((f"{hf}.attn.Wo.bias", ours + ("attn", "Wo", "bias"), "vector"))
+    t += _norm(f"{hf}.mlp_norm", ours + ("mlp_norm",), c)
+    t.append((f"{hf}.mlp.Wi.weight", ours + ("mlp", "Wi", "kernel"), "in_split"))
+    t.append((f"{hf}.mlp.Wo.weight", ours + ("mlp", "Wo", "kernel"), "dense"))
+    if c.mlp_bias:
+      t.append((f"{hf}.mlp.Wi.bias", ours + ("mlp", "Wi", "bias"), "flat"))
+      t.append((f"{hf}.mlp.Wo.bias", ours + ("mlp", "Wo", "bias"), "vector"))
+  t += _norm("model.final_norm", ("bert", "final_norm"), c)
+  t.append(("head.dense.weight", ("head_dense", "kernel"), "dense"))
+  if c.classifier_bias:
+    t.append(("head.dense.bias", ("head_dense", "bias"), "vector"))
+  t += _norm("head.norm", ("head_norm",), c)
+  if c.decoder_bias:
+    t.append(("decoder.bias", ("decoder_bias",), "vocab_vector"))
+  return t
+
+
+def _to_hf(layout: str, a: np.ndarray, c: BertConfig) -> np.ndarray:
+  if layout == "table":
+    return a[:c.vocab_size]
+  if layout == "vocab_vector":
+    return a[:c.vocab_size]
+  if layout == "in_split":  # [D, 3, H, K] or [D, 2, F] -> [out, D]
+    return a.reshape(a.shape[0], -1).T
+  if layout == "heads_in":  # [H, K, D] -> [D, H*K]
+    return a.reshape(-1, a.shape[-1]).T
+  if layout == "dense":
+    return a.T
+  if layout == "flat":
+    return a.reshape(-1)
+  return a
+
+
+def _to_ours(layout: str, hf: np.ndarray, shape: tuple) -> np.ndarray:
+  if layout in ("table", "vocab_vector"):  # padded rows stay zero
+    out = np.zeros(shape, np.float32)
+    out[:hf.shape[0]] = hf
+    return out
+  if layout == "in_split":
+    return hf.T.reshape(shape)
+  if layout == "heads_in":
+    return hf.T.reshape(shape)
+  if layout == "dense":
+    return hf.T.reshape(shape)
+  return hf.reshape(shape)
+
+
+def params_to_hf_state(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
+  """Our pre-training params as a ModernBertForMaskedLM state dict (float32; the tied
+  decoder weight is the token table, as transformers stores it)."""
+  out = {}
+  for name, path, layout in tensor_table(config):
+    node: Any = params
+    for k in path:
+      node = node[k]
+    out[name] = np.ascontiguousarray(_to_hf(layout, np.asarray(node, np.float32), config))
+  out["decoder.weight"] = out["model.embeddings.tok_embeddings.weight"]
+  return out
+
+
+def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig,
+                       abstract: Mapping, *, source: str) -> tuple[dict, list[str]]:
+  """A ModernBertForMaskedLM or ModernBertModel state dict as our params; returns
+  (params, paths missing in the source: the MLM head of a bare ModernBertModel, which
+  the caller initialises). Unknown or mis-shaped tensors are one CheckpointError."""
+  names = {k if k.startswith(("model.", "head.", "decoder.")) else f"model.{k}": k
+           for k in state}
+  params: dict = {}
+  missing, used = [], set()
+  for name, path, layout in tensor_table(config):
+    node: Any = abstract
+    for k in path:
+      node = node[k]
+    shape = tuple(node.shape)
+    if name not in names:
+      if path[0] == "bert":
+        raise CheckpointError(f"{source}: no tensor {name!r}; expected a ModernBertModel or "
+                              "ModernBertForMaskedLM state dict of this config")
+      missing.append("/".join(path))
+      continue
+    hf = np.asarray(state[names[name]], np.float32)
+    value = _to_ours(layout, hf, shape)
+    if value.shape != shape:
+      raise CheckpointError(f"{source}: {name} has shape {hf.shape}; expected one that maps "
+                            f"to {shape}")
+    used.add(names[name])
+    cur = params
+    for k in path[:-1]:
+      cur = cur.setdefault(k, {})
+    cur[path[-1]] = value
+  extra = sorted(k for k in state if k not in used and names.get(k, k) not in (
+      "decoder.weight",) and not k.endswith("decoder.weight"))
+  if extra:
+    raise CheckpointError(f"{source}: tensors this config has no place for: {extra[:5]}"
+                          f"{' ...' if len(extra) > 5 else ''}; expected a ModernBERT of the "
+                          "config.json beside them")
+  return params, missing
