@@ -22,6 +22,7 @@ Loading never executes code from a file: safetensors by default, a pickled
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -33,7 +34,7 @@ from typing import Optional
 from safetensors.numpy import save_file
 
 from bert_jax.data.prep_store import owner, remove_stale
-from bert_jax.io import checkpointing
+from bert_jax.io import checkpointing, hf_modernbert
 from bert_jax.storage import fs
 from bert_jax.errors import ConfigError
 from bert_jax.io.hf_weights import (ConvertError, ImportReport, bert_config_from_hf,
@@ -140,17 +141,98 @@ def _meta(config: BertConfig, tokenizer: Tokenizer, lowercase_from: str, source:
           "source": source, "heads": dict(report.groups), "ignored": report.ignored}
 
 
+def read_modernbert_hf(hf_dir: str, seed: int = 0) -> tuple[BertConfig, dict]:
+  """(config, params) of a transformers ModernBertForMaskedLM or ModernBertModel
+  directory (config.json + safetensors); a bare encoder's MLM head is initialised."""
+  config_path = os.path.join(hf_dir, "config.json")
+  config = hf_modernbert.config_from_hf(read_json(config_path, "model config"), config_path)
+  config = dataclasses.replace(config, vocab_pad_multiple=128).validate()
+  state, weights_file = load_hf_weights(hf_dir)
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from bert_jax.model import family  # pylint: disable=import-outside-toplevel
+  params, missing = hf_modernbert.hf_state_to_params(
+      state, config, nn.meta.unbox(family.abstract_params(config)), source=weights_file)
+  if missing:  # the head of a bare ModernBertModel: freshly initialised, as BERT's heads
+    fresh = jax.device_get(family.init_params(config, jax.random.key(seed)))
+    for path in missing:
+      keys = path.split("/")
+      src, dst = fresh, params
+      for k in keys[:-1]:
+        src, dst = src[k], dst.setdefault(k, {})
+      dst[keys[-1]] = src[keys[-1]]
+  return config, params
+
+
+def write_modernbert_hf(out_dir: str, params: dict, config: BertConfig,
+                        special: dict, overwrite: bool = False,
+                        tokenizer: Optional[Tokenizer] = None) -> None:
+  """A ModernBertForMaskedLM directory transformers loads natively (no remote code):
+  config.json, model.safetensors and, with `tokenizer`, its WordPiece vocabulary."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  state = hf_modernbert.params_to_hf_state(jax_to_numpy(params), config)
+  state.pop("decoder.weight")  # tied: transformers fills it from the token table
+  state = {k: np.ascontiguousarray(v) for k, v in state.items()}
+  with atomic_output_dir(out_dir, overwrite) as tmp:
+    save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(os.path.join(tmp, "model.safetensors"), 0o644)
+    files = {"config.json": hf_modernbert.hf_config(config, special)}
+    if tokenizer is not None:
+      files.update(_tokenizer_files(tokenizer, config))
+    for name, obj in files.items():
+      with fs.open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+    if tokenizer is not None:
+      with fs.open(os.path.join(tmp, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.write("".join(tok + "\n" for tok in tokenizer.vocab))
+
+
+def jax_to_numpy(tree):
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.device_get(tree)
+
+
+_SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+             "cls_token": "[CLS]", "mask_token": "[MASK]"}
+
+
+def _tokenizer_files(tokenizer: Tokenizer, config: BertConfig) -> dict:
+  return {"tokenizer_config.json": {
+      "tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lowercase,
+      "strip_accents": None, "tokenize_chinese_chars": True,
+      "model_max_length": config.max_position_embeddings, **_SPECIALS},
+      "special_tokens_map.json": dict(_SPECIALS)}
+
+
 def import_hf(hf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = False,
               seed: int = 0, lowercase: Optional[bool] = None) -> dict:
-  """Imports a HuggingFace BERT directory; returns the checkpoint's meta."""
+  """Imports a HuggingFace BERT or ModernBERT directory; returns the checkpoint's meta."""
   hf_dir = check_dir(hf_dir, "HuggingFace model")
   config_path = os.path.join(hf_dir, "config.json")
   hf_config = read_json(config_path, "model config")
+  if hf_modernbert.is_modernbert(hf_config):
+    return _import_modernbert(hf_dir, out_dir, hf_config, overwrite, seed, lowercase)
   config = bert_config_from_hf(hf_config, config_path)
   lower, lower_from = resolve_lowercase(hf_dir, hf_config, lowercase)
   tokenizer = read_vocab(hf_dir, config, lower, config_path)
   state, weights_file = load_hf_weights(hf_dir)
   params, report = hf_state_to_params(state, config, source=weights_file, heads=heads, seed=seed)
+  meta = _meta(config, tokenizer, lower_from, f"huggingface:{hf_dir}", report)
+  meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta)
+  return meta
+
+
+def _import_modernbert(hf_dir: str, out_dir: str, hf_config: dict, overwrite: bool, seed: int,
+                       lowercase: Optional[bool]) -> dict:
+  config_path = os.path.join(hf_dir, "config.json")
+  if not os.path.isfile(os.path.join(hf_dir, "vocab.txt")):
+    raise ConvertError(f"{hf_dir}: no vocab.txt; bert-jax reads WordPiece vocabularies, and "
+                       "a BPE tokenizer.json (the published ModernBERT's) is not supported yet")
+  config, params = read_modernbert_hf(hf_dir, seed)
+  lower, lower_from = resolve_lowercase(hf_dir, hf_config, lowercase)
+  tokenizer = read_vocab(hf_dir, config, lower, config_path)
+  report = ImportReport(groups={"encoder": "imported", "mlm": "imported"}, ignored=[])
   meta = _meta(config, tokenizer, lower_from, f"huggingface:{hf_dir}", report)
   meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta)
   return meta
@@ -197,9 +279,12 @@ def export_hf(ckpt: str, out_dir: str, step: Optional[int] = None,
   if tokenizer.vocab_size != config.vocab_size:
     raise ConvertError(f"{where}: meta vocab has {tokenizer.vocab_size} tokens but model_config "
                        f"vocab_size={config.vocab_size}")
+  if config.family == "modernbert":
+    ids = dict(zip(("pad", "unk", "cls", "sep", "mask"), tokenizer.special_ids()))
+    write_modernbert_hf(out_dir, params, config, ids, overwrite, tokenizer)
+    return meta
   state = params_to_hf_state(params, config)
-  specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-              "cls_token": "[CLS]", "mask_token": "[MASK]"}
+  specials = dict(_SPECIALS)
   tok_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lowercase,
                 "strip_accents": None, "tokenize_chinese_chars": True,
                 "model_max_length": config.max_position_embeddings, **specials}

@@ -1,0 +1,237 @@
+"""ModernBERT (model/modernbert.py) against transformers' own ModernBertForMaskedLM and
+ModernBertModel (PyTorch, float32, eager attention), with random weights (biases and
+norms too): hidden states, logits, loss and gradients; export loaded by
+`AutoModelForMaskedLM.from_pretrained` (no remote code) and `save_pretrained` imported
+back; packed rows; the settings it refuses."""
+
+import dataclasses
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.errors import ConfigError
+from bert_jax.io import hf_modernbert
+from bert_jax.model import family, losses
+from bert_jax.model.config import BertConfig
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+V = 97
+# (name, ModernBertConfig overrides): an odd layer count, windows shorter and longer than
+# the sequence (L = 16), with and without biases.
+SHAPES = {
+    "odd_layers_short_window_biases": dict(num_hidden_layers=5, local_attention=6,
+                                           global_attn_every_n_layers=2, attention_bias=True,
+                                           mlp_bias=True, norm_bias=True, classifier_bias=True),
+    "no_biases_window_longer_than_the_row": dict(num_hidden_layers=4, local_attention=40,
+                                                 global_attn_every_n_layers=3),
+    "every_layer_local_but_the_first_no_decoder_bias": dict(
+        num_hidden_layers=3, local_attention=4, global_attn_every_n_layers=100,
+        decoder_bias=False, hidden_activation="gelu_pytorch_tanh",
+        classifier_activation="gelu_pytorch_tanh"),
+}
+
+
+def hf_model(seed: int = 0, **overrides):
+  torch.manual_seed(seed)
+  cfg = transformers.ModernBertConfig(
+      vocab_size=V, hidden_size=32, num_attention_heads=4, intermediate_size=48,
+      max_position_embeddings=64, pad_token_id=0, cls_token_id=2, sep_token_id=3,
+      bos_token_id=2, eos_token_id=3, global_rope_theta=160000.0, local_rope_theta=10000.0,
+      **{"num_hidden_layers": 2, **overrides})
+  cfg._attn_implementation = "eager"  # pylint: disable=protected-access
+  model = transformers.ModernBertForMaskedLM(cfg).eval()
+  with torch.no_grad():  # random norms and biases, not ones and zeros
+    for name, p in model.named_parameters():
+      if p.dim() == 1:
+        p.normal_(0.0, 0.1) if "bias" in name else p.normal_(1.0, 0.1)
+  return model
+
+
+def ours_of(model, pad_multiple: int = 8):
+  config = dataclasses.replace(hf_modernbert.config_from_hf(model.config.to_dict(), "test"),
+                               vocab_pad_multiple=pad_multiple)
+  abstract = nn.meta.unbox(family.abstract_params(config))
+  state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+  params, missing = hf_modernbert.hf_state_to_params(state, config, abstract, source="test")
+  assert missing == []
+  return config, jax.tree.map(jnp.asarray, params)
+
+
+def batch(B: int = 3, L: int = 16, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  mask = np.ones((B, L), np.int64)
+  mask[1, 11:] = 0  # padded rows
+  mask[2, 4:] = 0
+  ids = rng.integers(5, V, (B, L)) * mask
+  return ids, mask
+
+
+def forward(config, params, ids, mask, positions=None, documents=None):
+  B, L = ids.shape
+  positions = (jnp.broadcast_to(jnp.arange(L), (B, L)) if positions is None
+               else jnp.asarray(positions))
+  return family.pretraining_model(config).apply(
+      {"params": params}, jnp.asarray(ids, jnp.int32), jnp.zeros((B, L), jnp.int32),
+      jnp.asarray(mask, jnp.int32), positions, output_hidden_states=True,
+      documents_BxL=documents)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_hidden_states_and_logits_equal_transformers(shape):
+  model = hf_model(**SHAPES[shape])
+  config, params = ours_of(model)
+  ids, mask = batch()
+  with torch.no_grad():
+    ref = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                output_hidden_states=True)
+  out = forward(config, params, ids, mask)
+  real = mask.astype(bool)  # padded positions' outputs are not defined the same way
+  for i, (want, got) in enumerate(zip(ref.hidden_states, out.encoder.hidden_states)):
+    np.testing.assert_allclose(np.asarray(got)[real], want.numpy()[real], atol=1e-4,
+                               err_msg=f"hidden state {i}")
+  np.testing.assert_allclose(np.asarray(out.encoder.sequence_BxLxD)[real],
+                             model.model(input_ids=torch.tensor(ids),
+                                         attention_mask=torch.tensor(mask))
+                             .last_hidden_state.detach().numpy()[real], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(out.mlm_logits_BxPxV)[..., :V][real],
+                             ref.logits.numpy()[real], atol=1e-5)
+  assert (np.asarray(out.mlm_logits_BxPxV)[..., V:] < -1e8).all()  # padded vocab never wins
+
+
+def test_mlm_loss_and_gradients_equal_transformers():
+  model = hf_model(**SHAPES["odd_layers_short_window_biases"])
+  config, params = ours_of(model)
+  ids, mask = batch()
+  positions = np.array([[1, 5, 9, 12], [0, 3, 7, 10], [1, 2, 0, 0]])
+  weights = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0]], np.float32)
+  labels = np.take_along_axis(ids, positions, 1)
+  hf_labels = np.full(ids.shape, -100)
+  for b in range(3):
+    for p, w, l in zip(positions[b], weights[b], labels[b]):
+      if w:
+        hf_labels[b, p] = l
+  model.train()  # dropout is 0: train mode only turns on autograd bookkeeping
+  out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+              labels=torch.tensor(hf_labels))
+  out.loss.backward()
+
+  def loss_fn(p):
+    logits = forward(config, p, ids, mask, positions).mlm_logits_BxPxV
+    s = losses.mlm_sums(logits, jnp.asarray(labels, jnp.int32), jnp.asarray(weights))
+    return s.loss / s.count
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  np.testing.assert_allclose(float(loss), float(out.loss.detach()), rtol=1e-5)
+  ours = hf_modernbert.params_to_hf_state(jax.device_get(grads), config)
+  for name, p in model.named_parameters():
+    want, got = p.grad.numpy(), ours[name]
+    scale = max(np.abs(want).max(), 1e-6)
+    assert np.abs(got - want).max() / scale < 1e-4, name
+
+
+def test_packed_rows_give_each_document_what_it_gets_alone():
+  """Two documents in one row: each one's hidden states and logits equal its own row's
+  (positions restart; no attention, global or windowed, crosses the boundary)."""
+  model = hf_model(**SHAPES["odd_layers_short_window_biases"])
+  config, params = ours_of(model)
+  rng = np.random.default_rng(1)
+  a, b = rng.integers(5, V, 7), rng.integers(5, V, 6)
+  L = 16
+  packed = np.zeros((1, L), np.int64)
+  packed[0, :7], packed[0, 7:13] = a, b
+  pmask = (packed > 0).astype(np.int64)
+  docs = np.concatenate([np.zeros(7), np.ones(6), np.full(3, 2)]).astype(np.int32)[None]
+  out = forward(config, params, packed, pmask, documents=jnp.asarray(docs))
+  for start, piece in ((0, a), (7, b)):
+    alone = np.zeros((1, L), np.int64)
+    alone[0, :len(piece)] = piece
+    ref = forward(config, params, alone, (alone > 0).astype(np.int64))
+    got = np.asarray(out.encoder.sequence_BxLxD)[0, start:start + len(piece)]
+    np.testing.assert_allclose(got, np.asarray(ref.encoder.sequence_BxLxD)[0, :len(piece)],
+                               atol=1e-5)
+
+
+def test_export_loads_in_transformers_own_class_with_the_same_outputs(tmp_path):
+  from bert_jax.io import convert
+  model = hf_model(**SHAPES["no_biases_window_longer_than_the_row"])
+  config, params = ours_of(model)
+  convert.write_modernbert_hf(str(tmp_path / "hf"), params, config,
+                              {"pad": 0, "cls": 2, "sep": 3, "mask": 4})
+  loaded = transformers.AutoModelForMaskedLM.from_pretrained(
+      str(tmp_path / "hf"), attn_implementation="eager").eval()
+  assert type(loaded).__name__ == "ModernBertForMaskedLM"
+  ids, mask = batch()
+  with torch.no_grad():
+    want = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+    got = loaded(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+  real = mask.astype(bool)
+  np.testing.assert_allclose(got.numpy()[real], want.numpy()[real], atol=1e-5)
+
+
+def test_a_save_pretrained_model_imports_with_its_outputs(tmp_path):
+  from bert_jax.io import convert
+  model = hf_model(**SHAPES["odd_layers_short_window_biases"])
+  model.save_pretrained(str(tmp_path / "saved"))
+  config, params = convert.read_modernbert_hf(str(tmp_path / "saved"))
+  ids, mask = batch()
+  with torch.no_grad():
+    want = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+  got = forward(config, params, ids, mask)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(got.mlm_logits_BxPxV)[..., :V][real], want.numpy()[real],
+                             atol=1e-5)
+  # A bare ModernBertModel (no head): the encoder imports, the head is the caller's to init.
+  model.model.save_pretrained(str(tmp_path / "bare"))
+  with open(tmp_path / "bare" / "config.json") as f:
+    assert json.load(f)["architectures"] == ["ModernBertModel"]
+  _, bare = convert.read_modernbert_hf(str(tmp_path / "bare"))
+  np.testing.assert_array_equal(bare["bert"]["tok_embeddings"]["embedding"],
+                                params["bert"]["tok_embeddings"]["embedding"])
+
+
+def test_the_family_trains_only_with_the_mlm_objective():
+  from bert_jax import settings
+  import tiny_run
+  config = tiny_run.config(**{"model.family": "modernbert", "objective": "mlm+nsp"})
+  with pytest.raises(ConfigError) as e:
+    settings.from_config(config)
+  assert "--config.objective" in str(e.value) and "'modernbert'" in str(e.value)
+
+
+@pytest.mark.parametrize("field, value", [("local_attention", 0),
+                                          ("global_attn_every_n_layers", -1),
+                                          ("global_rope_theta", 0.0),
+                                          ("attention_kernel", "cudnn")])
+def test_a_bad_modernbert_field_is_one_line_naming_it(field, value):
+  with pytest.raises(ConfigError) as e:
+    BertConfig(vocab_size=10, family="modernbert", hidden_size=32, num_heads=4,
+               **{field: value}).validate()
+  assert f"config.model.{field}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bert_is_unchanged_by_the_family_field():
+  """The default family builds the very tree and values BERT always had."""
+  from bert_jax.model import bert
+  c = BertConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+  ids = jnp.ones((1, 8), jnp.int32)
+  want = nn.meta.unbox(bert.BertForPreTraining(c).init(
+      {"params": jax.random.key(0), "dropout": jax.random.key(0)}, ids, ids, ids,
+      jnp.zeros((1, 1), jnp.int32))["params"])
+  got = family.init_params(c, jax.random.key(0))
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  assert all(bool((a == b).all()) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+
+
+def test_hf_config_round_trips():
+  model = hf_model(**SHAPES["odd_layers_short_window_biases"])
+  config, _ = ours_of(model, pad_multiple=1)
+  back = hf_modernbert.hf_config(config, {"pad": 0, "cls": 2, "sep": 3, "mask": 4})
+  again = hf_modernbert.config_from_hf(back, "test")
+  assert again == config
+  assert os.path.basename(__file__)  # (a module-level file, for pytest's rewrite)
