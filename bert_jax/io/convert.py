@@ -148,19 +148,9 @@ def read_modernbert_hf(hf_dir: str, seed: int = 0) -> tuple[BertConfig, dict]:
   config = hf_modernbert.config_from_hf(read_json(config_path, "model config"), config_path)
   config = dataclasses.replace(config, vocab_pad_multiple=128).validate()
   state, weights_file = load_hf_weights(hf_dir)
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
-  from bert_jax.model import family  # pylint: disable=import-outside-toplevel
   params, missing = hf_modernbert.hf_state_to_params(
-      state, config, nn.meta.unbox(family.abstract_params(config)), source=weights_file)
-  if missing:  # the head of a bare ModernBertModel: freshly initialised, as BERT's heads
-    fresh = jax.device_get(family.init_params(config, jax.random.key(seed)))
-    for path in missing:
-      keys = path.split("/")
-      src, dst = fresh, params
-      for k in keys[:-1]:
-        src, dst = src[k], dst.setdefault(k, {})
-      dst[keys[-1]] = src[keys[-1]]
+      state, config, hf_modernbert.abstract_params(config), source=weights_file)
+  params = hf_modernbert.fill_missing(params, missing, config, seed)
   return config, params
 
 

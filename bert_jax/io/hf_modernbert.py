@@ -209,3 +209,27 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig,
                           f"{' ...' if len(extra) > 5 else ''}; expected a ModernBERT of the "
                           "config.json beside them")
   return params, missing
+
+
+def fill_missing(params: dict, missing: list[str], config: BertConfig, seed: int) -> dict:
+  """`params` with the `missing` paths (a bare ModernBertModel's MLM head) freshly
+  initialised as the family initialises them."""
+  if not missing:
+    return params
+  import jax  # pylint: disable=import-outside-toplevel
+  from bert_jax.model import family  # pylint: disable=import-outside-toplevel
+  fresh = jax.device_get(family.init_params(config, jax.random.key(seed)))
+  for path in missing:
+    keys = path.split("/")
+    src, dst = fresh, params
+    for k in keys[:-1]:
+      src, dst = src[k], dst.setdefault(k, {})
+    dst[keys[-1]] = src[keys[-1]]
+  return params
+
+
+def abstract_params(config: BertConfig) -> dict:
+  """Shapes of the family's params for `config`, without allocating them."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  from bert_jax.model import family  # pylint: disable=import-outside-toplevel
+  return nn.meta.unbox(family.abstract_params(config))

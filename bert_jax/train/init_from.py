@@ -41,7 +41,7 @@ from bert_jax import console
 from bert_jax.io import source_check
 from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.data import corpus, dataset, vocab_extension
-from bert_jax.io import checkpointing, hf_weights, sources
+from bert_jax.io import checkpointing, hf_modernbert, hf_weights, sources
 from bert_jax.storage import fs
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, MLM, NSP, bert_config_from_hf,
@@ -81,6 +81,8 @@ class Source:
     if self.kind == "tensorflow":
       return hf_weights.tf_to_hf(sources.load_tf_checkpoint(
           sources.tf_checkpoint_prefix(self.path)))
+    if self.config.family == "modernbert":
+      return hf_modernbert.params_to_hf_state(jax.device_get(self._params), self.config)
     return params_to_hf_state(jax.device_get(self._params), self.config)
 
 
@@ -125,7 +127,9 @@ def _read_hf_like(path: str, kind: str) -> Source:
   config_path = next((os.path.join(path, n) for n in names
                       if os.path.isfile(os.path.join(path, n))), os.path.join(path, names[0]))
   hf_config = sources.read_json(config_path, "model config")
-  config = bert_config_from_hf(hf_config, config_path)
+  config = (hf_modernbert.config_from_hf(hf_config, config_path)
+            if hf_modernbert.is_modernbert(hf_config) else bert_config_from_hf(hf_config,
+                                                                               config_path))
   lower, lower_from = sources.resolve_lowercase(path, hf_config, None)
   tokenizer = sources.read_vocab(path, config, lower, config_path)
   return Source(path, kind, config, tokenizer, lower_from)
@@ -156,8 +160,13 @@ def resolve(s: Settings) -> Source:
     # The whole source, before any data is prepared or folder made (not at step 0).
     if kind == "bert-jax":
       source_check.check_params(source._params, source.config, path)
+    elif source.config.family == "modernbert":  # read whole: its table checks every name
+      _modernbert_params(source, source.config, seed=0)
     else:
       source_check.check_weights(path, kind, source.config)
+    if source.config.family == "modernbert" and s.init.extend_vocab:
+      raise ConfigError("--config.data.extend_vocab with a ModernBERT source: not supported "
+                        "yet (BERT sources only); expected 0")
   except BertJaxError as e:
     raise ConfigError(f"{_flag(path)}: {e}") from None
   theirs = {f"model.{k}": getattr(source.config, k) for k in SOURCE_MODEL_FIELDS}
@@ -215,6 +224,8 @@ def data_settings(s: Settings, source: Source) -> Iterator[tuple[DataSettings, A
 
 def initial_params(source: Source, config: BertConfig, ext, seed: int) -> tuple[dict, dict]:
   """(our params as numpy for `config`, group -> 'imported' | 'initialised')."""
+  if config.family == "modernbert":
+    return _modernbert_params(source, config, seed)
   state = source.hf_state()
   if ext is not None:
     state = vocab_extension.extend_hf_state(state, ext)
@@ -224,6 +235,17 @@ def initial_params(source: Source, config: BertConfig, ext, seed: int) -> tuple[
     groups = {g: ("initialised at its import" if source.heads.get(g) == "initialised" else v)
               for g, v in groups.items()}
   source.fresh_heads = tuple(g for g in (MLM, NSP) if groups.get(g, "").startswith("initial"))
+  return params, groups
+
+
+def _modernbert_params(source: Source, config: BertConfig, seed: int) -> tuple[dict, dict]:
+  """A ModernBERT source's params for `config` (the run's padding), its MLM head
+  initialised where the source has none (a bare ModernBertModel)."""
+  params, missing = hf_modernbert.hf_state_to_params(
+      source.hf_state(), config, hf_modernbert.abstract_params(config), source=source.path)
+  params = hf_modernbert.fill_missing(params, missing, config, seed)
+  groups = {ENCODER: "imported", MLM: "initialised" if missing else "imported"}
+  source.fresh_heads = (MLM,) if missing else ()
   return params, groups
 
 
