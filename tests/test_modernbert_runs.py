@@ -1,0 +1,101 @@
+"""Whole ModernBERT runs (`model.family='modernbert'`): packed two-phase pre-training
+resumes bit for bit after kill -9 inside each phase and at the boundary; 2 processes x 4
+devices equal 1 process x 8; and an export to transformers' classes, read back through
+`init_from`, evaluates to exactly what the run ended with."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import multiprocess_runs as multiprocess
+import soak_kill
+
+pytestmark = pytest.mark.slow
+ROOT = soak_kill.ROOT
+STEPS = 16  # 2 phases of 8, a checkpoint every 4: inside each phase and at the boundary
+MODERN = {"model.family": "modernbert", "objective": "mlm", "data.packing": True,
+          "model.num_layers": 2, "model.global_attn_every_n_layers": 2,
+          "model.local_attention": 8, "model.layer_norm_eps": 1e-5,
+          "masking.mask_prob": 0.3, "train.optimizer": "stable_adamw",
+          "train.schedule": "wsd", "train.decay_fraction": 0.25, "train.max_grad_norm": 0.0}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+  return tmp_path_factory.mktemp("modernbert_runs")
+
+
+def _args(base, workdir: str, steps: int = STEPS, phases: int = 2, **extra) -> list[str]:
+  return soak_kill.tiny_args(workdir, str(base / "prepared"), steps, phases=phases, **{
+      **MODERN, "keep_checkpoints": soak_kill.KEEP_ALL, **extra})
+
+
+@pytest.fixture(scope="module")
+def reference(base):
+  workdir = str(base / "reference")
+  soak_kill.run_to_end(_args(base, workdir), soak_kill.subprocess_env(str(base / "xla")))
+  return workdir
+
+
+def test_kill_9_inside_each_phase_and_at_the_boundary_then_resume_is_exact(base, reference):
+  seed = random.randrange(2**31)
+  rng = random.Random(seed)
+  workdir = str(base / "killed")
+  env = soak_kill.subprocess_env(str(base / "xla"))
+  train = [sys.executable, os.path.join(ROOT, "train.py"), *_args(base, workdir)]
+  for ckpt in (4, 8, 12):  # inside phase 0, the boundary, inside phase 1
+    proc = subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+      while proc.poll() is None and ckpt not in soak_kill.complete_steps(workdir):
+        soak_kill.sleep(0.002)
+      soak_kill.sleep(rng.uniform(0.0, 0.03))
+      assert proc.poll() is None, f"seed {seed}: ended before checkpoint {ckpt}"
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  soak_kill.run_to_end(train[2:], env)
+  assert soak_kill.differences(reference, workdir) == [], f"seed {seed}"
+
+
+def test_two_processes_of_four_devices_equal_one_process_of_eight(base, reference):
+  workdir = str(base / "two_processes")
+  address = f"127.0.0.1:{multiprocess.free_port()}"
+  runs = {f"process{i}": ([sys.executable, os.path.join(ROOT, "train.py"),
+                           *_args(base, workdir, **{"data.cache_dir": str(base / f"p{i}")}),
+                           f"--coordinator_address={address}", "--num_processes=2",
+                           f"--process_id={i}"], 4) for i in range(2)}
+  multiprocess.launch_retrying(runs, str(base / "logs"), str(base / "xla4"), ROOT, [workdir])
+  got, want = soak_kill.train_rows(workdir), soak_kill.train_rows(reference)
+  assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+  np.testing.assert_allclose([got[s]["loss"] for s in sorted(got)],
+                             [want[s]["loss"] for s in sorted(want)], rtol=0, atol=1e-5)
+
+
+def test_an_export_continued_through_init_from_starts_where_the_run_ended(base, reference):
+  hf_dir = str(base / "hf")
+  subprocess.run([sys.executable, "-m", "bert_jax.convert", "to-hf", reference, hf_dir],
+                 cwd=ROOT, check=True, capture_output=True, env=soak_kill.subprocess_env())
+  with open(os.path.join(hf_dir, "config.json")) as f:
+    assert json.load(f)["architectures"] == ["ModernBertForMaskedLM"]
+  continued = str(base / "continued")
+  # One phase at the reference's last length: its step-0 evaluation is the same batch.
+  proc = soak_kill.run_to_end(_args(base, continued, steps=4, phases=1, **{
+      "init_from": hf_dir, "data.cache_dir": str(base / "prepared_continued")}),
+                              soak_kill.subprocess_env(str(base / "xla")))
+  assert "init_from: encoder imported; MLM head (cls.predictions.*) imported" in proc.stdout
+
+  def evals(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      return {r["step"]: r for r in map(json.loads, f) if r["split"] == "eval"}
+  ended, started = evals(reference)[STEPS], evals(continued)[0]
+  assert started["mlm_loss"] == pytest.approx(ended["mlm_loss"], abs=1e-5)
