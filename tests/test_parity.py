@@ -115,6 +115,8 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def reference_tokenizers():
+  """transformers' BERT tokenizers as google-research/bert tokenizes: text that spells a
+  special token ("[MASK]") is ordinary text (`split_special_tokens`), as bert-jax's is."""
   vocab = os.path.join(minilm_dir(), "vocab.txt")
   slow = transformers.BertTokenizer(vocab, do_lower_case=True)
   fast = transformers.BertTokenizerFast(vocab, do_lower_case=True)
@@ -125,8 +127,11 @@ def reference_tokenizers():
 def test_tokenizer_ids_match_bert_tokenizer_slow_and_fast(reference_tokenizers, text):
   ours, slow, fast = reference_tokenizers
   ids = ours.encode(text)
-  assert ids == slow.encode(text, add_special_tokens=False)
-  assert ids == fast.encode(text, add_special_tokens=False)
+  assert ids == fast.encode(text, add_special_tokens=False, split_special_tokens=True)
+  if not any(t in text for t in ("[MASK]", "[SEP]", "[CLS]", "[PAD]", "[UNK]")):
+    # transformers 4.57's slow BertTokenizer keeps "[MASK]" whole even when asked to split
+    # it (its fast one splits it, as google-research/bert does): compared without them.
+    assert ids == slow.encode(text, add_special_tokens=False)
 
 
 # --- pre-training heads on a small random transformers model ---------------------
