@@ -395,6 +395,10 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   init = _init_settings(c, data)
   if not init.path:  # else the shape is the source's: bert_jax.train.init_from checks the config
     model.validate()
+  if c.data.get("packing", False) and model.attention_kernel == "cudnn":  # before any work
+    raise ConfigError("--config.data.packing=True with --config.model.attention_kernel="
+                      "'cudnn': expected 'einsum' or 'jax' (cuDNN's key-length mask cannot "
+                      "keep attention inside each document)")
   if model.family == "modernbert" and c.get("objective", "mlm+nsp") != "mlm":
     raise _fail("objective", c.get("objective", "mlm+nsp"), "'mlm' with --config.model.family="
                 "'modernbert' (it has no next-sentence or sentence-order head)")

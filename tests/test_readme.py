@@ -40,7 +40,7 @@ README = "README.md"
 GUIDES = ("docs/training.md", "docs/multi-host-and-tpu.md", "docs/continued-pretraining.md",
           "docs/feature-extraction.md", "docs/conversion.md", "docs/bad-input-and-recovery.md",
           "docs/performance.md", "docs/deviations.md", "docs/downstream.md",
-          "docs/ARCHITECTURE.md")
+          "docs/modernbert.md", "docs/ARCHITECTURE.md")
 FILES = (README,) + GUIDES
 
 # What a fresh clone holds that the commands of the README and the guides use.

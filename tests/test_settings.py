@@ -7,7 +7,7 @@ import pytest
 from bert_jax import settings
 from bert_jax.model import precision
 from bert_jax.errors import ConfigError
-from configs import base, large, tiny
+from configs import base, large, modernbert_base, modernbert_large, modernbert_tiny, tiny
 
 
 def _with(**overrides):
@@ -21,7 +21,9 @@ def _with(**overrides):
   return c
 
 
-@pytest.mark.parametrize("get_config", [tiny.get_config, base.get_config, large.get_config])
+@pytest.mark.parametrize("get_config", [tiny.get_config, base.get_config, large.get_config,
+                                        modernbert_tiny.get_config, modernbert_base.get_config,
+                                        modernbert_large.get_config])
 def test_shipped_configs_become_frozen_settings(get_config):
   s = settings.from_config(get_config())
   with pytest.raises(dataclasses.FrozenInstanceError):
@@ -81,3 +83,14 @@ def test_auto_dtype_is_resolved_for_this_machine_and_remembered():
 def test_an_explicit_dtype_wins_over_auto():
   s = settings.from_config(_with(model__dtype="bfloat16"))
   assert s.model.dtype == "bfloat16" and s.requested_dtype == "bfloat16"
+
+
+def test_packing_with_the_cudnn_kernel_is_refused_before_any_data_is_prepared():
+  """A cross-field check of settings (it was the train step's, after preparation)."""
+  import tiny_run
+  config = tiny_run.config(**{"objective": "mlm", "data.packing": True,
+                              "model.attention_kernel": "cudnn", "model.dtype": "bfloat16",
+                              "model.attention_dropout_rate": 0.0})
+  with pytest.raises(ConfigError) as e:
+    settings.from_config(config)
+  assert "--config.data.packing=True" in str(e.value) and "'cudnn'" in str(e.value)

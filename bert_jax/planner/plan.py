@@ -218,8 +218,7 @@ class Planner:
 
   def _flops(self, kind: str, B: int, ph: Phase) -> float:
     c = self.steps.bert_config
-    f = flops.model_flops(c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
-                          "train", B, ph.seq_len, ph.max_predictions)
+    f = flops.config_flops(c, "train", B, ph.seq_len, ph.max_predictions)
     return (f if kind == "train" else f / 3.0) / len(self.devices)  # eval: the forward only
 
   def compile_step(self, kind: str, ph: Phase, batch_size: Optional[int] = None) -> StepPlan:

@@ -59,9 +59,8 @@ class Throughput:
 
   def flops_per_step(self, phase: Phase) -> float:
     c = self.config
-    return flops.model_flops(c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size,
-                             "train", self.s.train.batch_size, phase.seq_len,
-                             phase.max_predictions)
+    return flops.config_flops(c, "train", self.s.train.batch_size, phase.seq_len,
+                              phase.max_predictions)
 
   def rates(self, seconds: float, n_steps: int, real_tokens: float, sequences: int,
             phase: Phase) -> dict:
