@@ -499,3 +499,19 @@ def test_sharded_records_read_back_the_same_examples(plain, tmp_path, monkeypatc
   order = np.random.default_rng(0).permutation(len(whole))
   assert [e["input_ids"].tolist() for e in sharded.__getitems__(order)] == [
       whole[int(i)]["input_ids"].tolist() for i in order]
+
+
+def test_two_runs_preparing_one_fresh_cache_at_once_leave_no_parts_folder(plain, cache):
+  """Run B looks before run A has finished (so it prepares parts too), A finishes and
+  removes its parts folder, then B's parts are made again there and B finishes, finding
+  the preparation complete (issue 41: B's `.<key>.parts-seq32` was left behind)."""
+  c = data_config(plain)
+  a = dataset.prepare_parts(c, [32], cache, seed=0)
+  b = dataset.prepare_parts(c, [32], cache, seed=0)  # before A finishes: not complete
+  assert not a.complete and not b.complete and a.parts_root == b.parts_root
+  dataset.finish(c, [32], a, seed=0)
+  again = dataset.prepare_parts(c, [32], cache, seed=0)
+  assert again.complete  # a run starting now reuses it
+  os.makedirs(os.path.join(b.parts_root, "part-0"), exist_ok=True)  # B's workers, still writing
+  dataset.finish(c, [32], b, seed=0)
+  assert sorted(os.listdir(cache)) == [os.path.basename(a.directory)], os.listdir(cache)

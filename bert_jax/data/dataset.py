@@ -93,6 +93,7 @@ class Where:
   settings: dict
   complete: bool  # every seq_len asked for is there
   local: Share | None = None  # a preparation of this share's parts only
+  parts_root: str = ""  # the parts folder this process prepared into ('' if none)
 
 
 def prepare(data_config: DataSettings, seq_lens: Sequence[int], cache_dir: str,
@@ -222,7 +223,7 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
                                       else ())):
       shutil.rmtree(parts_root, ignore_errors=True)
     raise
-  return Where(directory, settings, False, local)
+  return Where(directory, settings, False, local, parts_root)
 
 
 def _share_of(jobs: list[prep_write.PartJob], share: Share) -> list[prep_write.PartJob]:
@@ -264,6 +265,11 @@ def finish(c: DataSettings, seq_lens: list[int], where: Where, seed: int) -> str
   complete = is_complete(directory, repair=False)
   missing = _missing(directory, seq_lens, complete)
   if not missing:
+    # Another run on this cache_dir finished first, after this one had made (or made
+    # again) its parts folder: nothing reads it now, so it goes too (the last run to
+    # finish leaves nothing behind).
+    if where.parts_root:
+      shutil.rmtree(where.parts_root, ignore_errors=True)
     return directory
   parts_root = _parts_root(cache_dir, directory, key, missing, complete)
   tokenizer_dir = os.path.join(directory if complete else parts_root, TOKENIZER_DIR)
