@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.errors import ConfigError
-from bert_jax.model import precision
+from bert_jax.model import precision, splash
 from bert_jax.model.config import BertConfig
 
 @flax.struct.dataclass
@@ -26,6 +26,16 @@ class BertOutput:
   sequence_BxLxD: jax.Array  # last layer
   pooled_BxD: jax.Array  # tanh(dense([CLS]))
   hidden_states: Optional[tuple] = None  # embeddings + every layer, if asked
+
+
+@flax.struct.dataclass
+class AttentionMask:
+  """What a layer's attention may see: an additive bias [B, 1, 1 or L, L] for the
+  'einsum', 'jax' and 'cudnn' cores (padding, and packed rows' documents), or segment
+  ids [B, L] for 'splash' (model/splash.py), with a window for sliding-window layers."""
+  bias: Optional[jax.Array] = None
+  segments_BxL: Optional[jax.Array] = None
+  window: Optional[int] = flax.struct.field(pytree_node=False, default=None)
 
 
 @flax.struct.dataclass
@@ -252,8 +262,9 @@ class SelfAttention(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, bias_Bx1x1xL, deterministic: bool):
+  def __call__(self, x_BxLxD, mask: AttentionMask, deterministic: bool):
     c = self.config
+    bias_Bx1x1xL = mask.bias
     head_dim = c.hidden_size // c.num_heads
     cd = c.compute_dtype
     proj = functools.partial(
@@ -264,7 +275,10 @@ class SelfAttention(nn.Module):
     k_BxLxHxK = checkpoint_name(proj(name="key")(x_BxLxD).astype(cd), "key")
     v_BxLxHxK = checkpoint_name(proj(name="value")(x_BxLxD).astype(cd), "value")
     q_BxLxHxK = q_BxLxHxK / jnp.sqrt(head_dim).astype(cd)
-    if c.attention_kernel != "einsum":  # no attention dropout (BertConfig.validate)
+    if c.attention_kernel == "splash":  # no attention dropout (BertConfig.validate)
+      o_BxLxHxK = splash.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask.segments_BxL,
+                                   mask.window).astype(cd)
+    elif c.attention_kernel != "einsum":
       o_BxLxHxK = fused_attention(c.attention_kernel, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
                                   bias_Bx1x1xL)
     else:
@@ -303,10 +317,10 @@ class TransformerLayer(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, bias_Bx1x1xL, deterministic: bool):
+  def __call__(self, x_BxLxD, mask: AttentionMask, deterministic: bool):
     c = self.config
     drop = Dropout(c.dropout_rate, c.dropout_rng)
-    a_BxLxD = SelfAttention(c, name="attention")(x_BxLxD, bias_Bx1x1xL, deterministic)
+    a_BxLxD = SelfAttention(c, name="attention")(x_BxLxD, mask, deterministic)
     x_BxLxD = LayerNorm(c, name="attention_LayerNorm")(
         x_BxLxD + drop(a_BxLxD, deterministic=deterministic))
     h_BxLxF = nn.Dense(c.intermediate_size, **dense_kw(c),
@@ -360,10 +374,12 @@ class BertModel(nn.Module):
     positions_BxL = None
     if documents_BxL is not None:
       bias_Bx1x1xL, positions_BxL = packed_layout(documents_BxL, mask_BxL)
+    attention = (AttentionMask(segments_BxL=splash.segment_ids(mask_BxL, documents_BxL))
+                 if self.config.attention_kernel == "splash" else AttentionMask(bias_Bx1x1xL))
     x_BxLxD = self.embeddings(ids_BxL, segments_BxL, deterministic, positions_BxL)
     hidden = [x_BxLxD]
     for layer in self.layers:
-      x_BxLxD = layer(x_BxLxD, bias_Bx1x1xL, deterministic)
+      x_BxLxD = layer(x_BxLxD, attention, deterministic)
       hidden.append(x_BxLxD)
     pooled_BxD = jnp.tanh(self.pooler(x_BxLxD[:, 0]).astype(self.config.compute_dtype))
     return BertOutput(x_BxLxD, pooled_BxD,

@@ -12,7 +12,7 @@ from bert_jax.errors import ConfigError
 _DTYPES = ("float32", "bfloat16", "float16")
 _DROPOUT_RNGS = ("hash", "threefry", "rbg", "unsafe_rbg")
 _CPU_ATTENTION_LAYOUTS = ("canonical", "xla")
-ATTENTION_KERNELS = ("einsum", "jax", "cudnn")
+ATTENTION_KERNELS = ("einsum", "jax", "cudnn", "splash")
 REMAT_POLICIES = ("full", "save_dots")
 CPU_FORWARD_DOTS = ("auto", "ynnpack", "eigen")
 ATTENTION_SOFTMAX = ("standard", "deferred")
@@ -172,10 +172,10 @@ class BertConfig:
       raise ConfigError(f"config.model.family='modernbert' rotates head dimensions in pairs, "
                         f"but hidden_size/num_heads = {self.hidden_size}/{self.num_heads} is "
                         "odd; expected an even head size")
-    if self.attention_kernel not in ("einsum", "jax"):
+    if self.attention_kernel not in ("einsum", "jax", "splash"):
       raise ConfigError(f"config.model.attention_kernel={self.attention_kernel!r} with "
-                        "family 'modernbert': expected 'einsum' or 'jax' (its sliding windows "
-                        "and document masks are a full [L, L] bias)")
+                        "family 'modernbert': expected 'einsum', 'jax' or 'splash' (cuDNN's "
+                        "key-length mask cannot say a sliding window)")
 
   @classmethod
   def from_dict(cls, d: dict) -> "BertConfig":

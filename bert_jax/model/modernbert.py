@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from bert_jax.model import bert
-from bert_jax.model.bert import BertOutput, Dropout, PreTrainingOutput, dense_kw
+from bert_jax.model import bert, splash
+from bert_jax.model.bert import AttentionMask, BertOutput, Dropout, PreTrainingOutput, dense_kw
 from bert_jax.model.config import BertConfig
 
 # The weight-matmul outputs of a layer, named for remat_policy='save_dots'.
@@ -87,6 +87,17 @@ def apply_rope(x_BxLxHxK, cos_BxLxK, sin_BxLxK):
   return (x * cos_BxLxK[:, :, None] + rotated * sin_BxLxK[:, :, None]).astype(x_BxLxHxK.dtype)
 
 
+def attention_masks(config: BertConfig, mask_BxL, documents_BxL=None):
+  """(global, local) AttentionMasks: segment ids and the window for 'splash', else the
+  additive biases of `attention_biases`."""
+  if config.attention_kernel == "splash":
+    segments_BxL = splash.segment_ids(mask_BxL, documents_BxL)
+    return (AttentionMask(segments_BxL=segments_BxL),
+            AttentionMask(segments_BxL=segments_BxL, window=config.local_attention // 2))
+  global_bias, local_bias = attention_biases(config, mask_BxL, documents_BxL)
+  return AttentionMask(global_bias), AttentionMask(local_bias)
+
+
 def attention_biases(config: BertConfig, mask_BxL, documents_BxL=None):
   """Additive biases [B, 1, L|1, L] for global and local layers: padded keys masked;
   with `documents_BxL`, keys of other documents masked; local layers also mask keys
@@ -109,8 +120,9 @@ class Attention(nn.Module):
   layer: int
 
   @nn.compact
-  def __call__(self, x_BxLxD, bias_Bx1xQxL, positions_BxL, deterministic: bool):
+  def __call__(self, x_BxLxD, mask: AttentionMask, positions_BxL, deterministic: bool):
     c = self.config
+    bias_Bx1xQxL = mask.bias
     cd = c.compute_dtype
     head_dim = c.hidden_size // c.num_heads
     std = _stds(c)
@@ -124,7 +136,10 @@ class Attention(nn.Module):
     cos, sin = rope_cos_sin(positions_BxL, head_dim, theta)
     q_BxLxHxK, k_BxLxHxK = apply_rope(q_BxLxHxK, cos, sin), apply_rope(k_BxLxHxK, cos, sin)
     q_BxLxHxK = q_BxLxHxK * jnp.asarray(head_dim ** -0.5, cd)
-    if c.attention_kernel == "jax":
+    if c.attention_kernel == "splash":
+      o_BxLxHxK = splash.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask.segments_BxL,
+                                   mask.window).astype(cd)
+    elif c.attention_kernel == "jax":
       o_BxLxHxK = bert.fused_attention("jax", q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL)
     else:
       s_BxHxLxL = bert._einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK, jnp.float32)  # pylint: disable=protected-access
@@ -168,9 +183,9 @@ class Layer(nn.Module):
   layer: int
 
   @nn.compact
-  def __call__(self, x_BxLxD, global_bias, local_bias, positions_BxL, deterministic: bool):
+  def __call__(self, x_BxLxD, global_mask, local_mask, positions_BxL, deterministic: bool):
     c = self.config
-    bias = global_bias if is_global(c, self.layer) else local_bias
+    bias = global_mask if is_global(c, self.layer) else local_mask
     h_BxLxD = x_BxLxD if self.layer == 0 else Norm(c, name="attn_norm")(x_BxLxD)
     x_BxLxD = x_BxLxD + Attention(c, self.layer, name="attn")(h_BxLxD, bias, positions_BxL,
                                                              deterministic)
@@ -203,7 +218,7 @@ class ModernBertModel(nn.Module):
   def __call__(self, ids_BxL, segments_BxL, mask_BxL, deterministic: bool = True,
                output_hidden_states: bool = False, documents_BxL=None) -> BertOutput:
     del segments_BxL  # no segment embeddings in this family
-    global_bias, local_bias = attention_biases(self.config, mask_BxL, documents_BxL)
+    global_mask, local_mask = attention_masks(self.config, mask_BxL, documents_BxL)
     if documents_BxL is None:
       positions_BxL = jnp.broadcast_to(jnp.arange(ids_BxL.shape[1]), ids_BxL.shape)
     else:
@@ -212,7 +227,7 @@ class ModernBertModel(nn.Module):
                                       deterministic=deterministic)
     hidden = [x_BxLxD]
     for layer in self.layers:
-      x_BxLxD = layer(x_BxLxD, global_bias, local_bias, positions_BxL, deterministic)
+      x_BxLxD = layer(x_BxLxD, global_mask, local_mask, positions_BxL, deterministic)
       hidden.append(x_BxLxD)
     # As transformers': hidden_states are the embeddings and each layer's output before
     # the final norm; the sequence output (its last_hidden_state) is after it.

@@ -26,7 +26,7 @@ import optax
 from jax.sharding import Mesh
 
 from bert_jax.parallel import sharding
-from bert_jax.model import family, losses, masking, precision
+from bert_jax.model import family, losses, masking, precision, splash
 from bert_jax.model import family as model_lib
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
@@ -105,7 +105,8 @@ class TrainSteps:
     documents_BxL = None
     if self.cls_id is not None:  # from the ids before masking: it may draw [CLS] at random
       documents_BxL = jnp.cumsum(batch.input_ids_BxL == self.cls_id, axis=1, dtype=jnp.int32)
-    with precision.target_platform(self.platform):  # the mixed dots' layout
+    # The mixed dots' layout; splash's shard_map over the step's mesh.
+    with precision.target_platform(self.platform), splash.sharded_over(self.mesh):
       out = self.model.apply(
           {"params": params}, masked.ids_BxL, batch.segment_ids_BxL, batch.input_mask_BxL,
           masked.positions_BxP, deterministic=deterministic, documents_BxL=documents_BxL,
