@@ -399,6 +399,9 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
     raise ConfigError("--config.data.packing=True with --config.model.attention_kernel="
                       "'cudnn': expected 'einsum' or 'jax' (cuDNN's key-length mask cannot "
                       "keep attention inside each document)")
+  if model.attention_kernel == "splash" and any(l % 128 for l in t.seq_lens):
+    raise _fail("train.seq_lens", tuple(t.seq_lens), "multiples of 128 with --config.model."
+                "attention_kernel='splash' (its blocks are TPU tiles of 128 positions)")
   if model.family == "modernbert" and c.get("objective", "mlm+nsp") != "mlm":
     raise _fail("objective", c.get("objective", "mlm+nsp"), "'mlm' with --config.model.family="
                 "'modernbert' (it has no next-sentence or sentence-order head)")

@@ -121,7 +121,8 @@ def test_a_packed_run_on_8_devices_with_splash_equals_it_with_einsum(tmp_path, f
   import soak_kill
   from bert_jax.trainer import train_and_evaluate
   extra = {"objective": "mlm", "data.packing": True, "model.attention_dropout_rate": 0.0,
-           "model.family": family_name, "model.num_layers": 2}
+           "model.family": family_name, "model.num_layers": 2, "train.seq_lens": (128,),
+           "train.max_predictions": (20,), "model.max_position_embeddings": 128}
   if family_name == "modernbert":
     extra.update({"model.local_attention": 8, "model.global_attn_every_n_layers": 2})
   rows = {}
@@ -134,3 +135,14 @@ def test_a_packed_run_on_8_devices_with_splash_equals_it_with_einsum(tmp_path, f
   assert sorted(rows["splash"]) == sorted(rows["einsum"]) == list(range(1, 7))
   np.testing.assert_allclose([rows["splash"][s] for s in range(1, 7)],
                              [rows["einsum"][s] for s in range(1, 7)], rtol=1e-4)
+
+
+def test_splash_with_a_length_that_is_not_a_multiple_of_128_is_refused_before_any_work():
+  import tiny_run
+  from bert_jax import settings
+  from bert_jax.errors import ConfigError
+  config = tiny_run.config(**{"model.attention_kernel": "splash",
+                              "model.attention_dropout_rate": 0.0})
+  with pytest.raises(ConfigError) as e:
+    settings.from_config(config)
+  assert "--config.train.seq_lens" in str(e.value) and "128" in str(e.value)

@@ -5,6 +5,7 @@ PreTrainingOutput), and keep the encoder at params["bert"], so the train step,
 features, probes and fine-tuning need to know nothing more than this module.
 """
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -33,6 +34,8 @@ def encoder_model(config: BertConfig, **kwargs) -> nn.Module:
 
 def _boxed_params(config: BertConfig, key: jax.Array) -> Any:
   ids = jnp.zeros((1, 8), jnp.int32)
+  # The parameters are the same whatever attention core runs; 'splash' needs rows of 128.
+  config = dataclasses.replace(config, attention_kernel="einsum")
   variables = pretraining_model(config).init(
       {"params": key, "dropout": key}, ids, ids, ids, jnp.zeros((1, 1), jnp.int32))
   return variables["params"]

@@ -52,8 +52,11 @@ def _kernel(seq_len: int, heads: int, window: Optional[int], interpret: bool):
   b = block_size(seq_len)
   sizes = sk.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
                         block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
-  return sk.make_splash_mha(sm.MultiHeadMask([one] * heads), block_sizes=sizes,
-                            head_shards=1, q_seq_shards=1, interpret=interpret)
+  # Its mask tables are built as concrete arrays even when first asked for inside a trace:
+  # the kernel is cached and reused by every later trace.
+  with jax.ensure_compile_time_eval():
+    return sk.make_splash_mha(sm.MultiHeadMask([one] * heads), block_sizes=sizes,
+                              head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
 def segment_ids(mask_BxL: jax.Array, documents_BxL: Optional[jax.Array] = None) -> jax.Array:
