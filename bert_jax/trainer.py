@@ -99,6 +99,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
   reporter = Reporter(workdir)
   signals = StopSignals().install()
   ledger = ledger or goodput.Ledger(workdir, jax.process_index() == 0, time.time())
+  failed = False
   try:
     state, fresh_source = _restore_or_start(s, ckpts, steps, source, ext)
     if (done := _stored_final_eval(s, state.step, reporter)) is not None:
@@ -124,11 +125,16 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
     reporter.write("goodput", state.step, total)
     console.log(goodput.describe(total))
   except BaseException:
+    failed = True
     ckpts.abandon()  # an interrupted run still finishes the checkpoint it started
     raise
   finally:
     signals.uninstall()
-    reporter.close()
+    if failed:  # the error the run stops with stays the one it reports
+      with contextlib.suppress(BertJaxError, OSError):
+        reporter.close()
+    else:
+      reporter.close()
     # Also when stopped: the time up to here is this session's. A record that cannot be
     # written then must not hide the error the run is stopping with.
     with contextlib.suppress(BertJaxError):

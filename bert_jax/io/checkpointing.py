@@ -32,9 +32,20 @@ RESTORED_STEP = "restored_step"  # added to the meta restore_params returns
 # closed by then, one unraisable "Event loop is closed" traceback per pending write
 # (dozens). Both are dropped; every other log record and unraisable error goes on.
 class _OrbaxWriterNoise(logging.Filter):
+  """Orbax's background threads log a failed write at ERROR with its traceback (about
+  100 lines each, several per failure); the run reports the failure itself in one
+  `error:` or `warning:` line, so their records keep one line: message and cause."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return "_SignalingThread.run() raised an exception" not in record.getMessage()
+    if "_SignalingThread.run() raised an exception" in record.getMessage():
+      return False
+    if record.exc_info and "orbax" in (record.pathname or ""):
+      e = record.exc_info[1]
+      first = record.getMessage().splitlines()[0] if record.getMessage() else ""
+      cause = " ".join(str(e).split())[:200] if e is not None else ""
+      record.msg = f"{first} ({type(e).__name__}: {cause})" if e is not None else first
+      record.args, record.exc_info, record.exc_text = (), None, None
+    return True
 
 
 def _quiet_closed_loop(previous):

@@ -277,11 +277,16 @@ class RunCheckpoints:
       self.mngr.reload()  # what is on disk, not what was started
       older = [s for s in self.mngr.all_steps() if s != step]
     except Exception:  # pylint: disable=broad-except
-      older = []
+      older = None  # the listing failed too: say nothing of what is there
+    if older is None:
+      known = ("the checkpoints before it could not be listed (the storage did not answer) "
+               "and were not touched; rerun the same command once it can be written")
+    elif older:
+      known = f"older checkpoints are intact (steps {older})"
+    else:
+      known = "there is no older checkpoint; rerun the same command once it can be written"
     err = CheckpointError(
-        f"could not write checkpoint {self.ckpt_dir}/{step}: {console.write_reason(e)}; " + (
-            f"older checkpoints are intact (steps {older})" if older else
-            "there is no older checkpoint; rerun the same command once it can be written"))
+        f"could not write checkpoint {self.ckpt_dir}/{step}: {console.write_reason(e)}; {known}")
     # Orbax/TensorStore threads of the failed write may still print (tracebacks of
     # their closed event loops) and keep the interpreter from exiting: commands/train
     # ends the process at once after this error's line.
