@@ -521,3 +521,67 @@ def test_fit_search_on_a_real_out_of_hbm_compile(monkeypatch):
   text = plan_report.format_plan(plan)
   assert "does NOT fit" in text and f"largest per-device batch that fits: {best}" in text
   assert f"{accum[0].field}: fits" in text
+
+
+# ----------------------------------------------------------------------------
+# Splash attention compiled for TPU slices (libtpu, no TPU)
+
+
+def test_hlo_reader_keeps_a_computation_past_a_multi_line_attribute():
+  """A Mosaic kernel's backend_config spans lines; one of them starts with "}}" at the
+  left edge. The entry computation goes on after it (its all-reduce was lost)."""
+  text = "\n".join([
+      "ENTRY %main (p: f32[4]) -> f32[4] {",
+      "  %p = f32[4]{0} parameter(0)",
+      '  %k = f32[4]{0} custom-call(%p), custom_call_target="tpu_custom_call", '
+      'backend_config={"custom_call_config": {"body": "abc',
+      '}}, metadata={op_name="splash"}',
+      "  ROOT %all-reduce = f32[4]{0} all-reduce(%k), replica_groups={{0,1}}, to_apply=%add",
+      "}"])
+  module = hlo.parse(text)
+  assert [i.opcode for i in module.computations["main"]] == ["parameter", "custom-call",
+                                                             "all-reduce"]
+  assert [c.kind for c in hlo.collectives(module)] == ["all-reduce"]
+
+
+SPLASH_CASES = [("v5e-8", 128, False, "bert"), ("v5e-8", 128, True, "bert"),
+                ("v5e-8", 512, False, "bert"), ("v5e-8", 512, True, "bert"),
+                ("v5p-8", 512, True, "bert"), ("v6e-8", 512, True, "bert"),
+                ("v5e-8", 512, True, "modernbert")]
+
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.parametrize("name, seq_len, packed, family", SPLASH_CASES,
+                         ids=[f"{n}-L{l}-{'packed' if p else 'padded'}-{f}"
+                              for n, l, p, f in SPLASH_CASES])
+def test_the_train_step_with_splash_compiles_for_tpu_with_the_mosaic_kernel(name, seq_len,
+                                                                            packed, family):
+  """The whole train step (tiny BERT: a compile of seconds; BERT-Base takes minutes per
+  slice here), sharded over the slice's 8 devices: splash's Mosaic kernel is in the
+  program (not its interpreter), once per layer forward, and the gradients are reduced."""
+  t = topology.parse(name)
+  devices = topology.devices(t)
+  over = {"model.attention_kernel": "splash", "model.attention_dropout_rate": 0.0,
+          "train.seq_lens": (seq_len,), "train.max_predictions": (seq_len // 6,),
+          "model.max_position_embeddings": seq_len}
+  if packed:
+    over.update({"objective": "mlm", "data.packing": True})
+  if family == "modernbert":  # global and sliding-window (LocalMask) layers
+    over.update({"objective": "mlm", "model.family": "modernbert", "model.num_layers": 2,
+                 "model.global_attn_every_n_layers": 2, "model.local_attention": 128})
+  s = tiny_settings(**over)
+  plan = plan_lib.make_plan(s, devices, t.describe(), t.hbm_bytes_per_device, search=False,
+                            include_eval=False)
+  (st,) = plan.steps
+  assert st.compiled and st.fits, st.error
+  assert "all-reduce" in {c.kind for c in st.collectives}  # the data-parallel gradients
+  planner = plan_lib.Planner(s, devices, 512)
+  ph = s.train.phases[0]
+  batch = plan_lib.abstract_batch(planner.mesh, 16, seq_len)
+  scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=jax.sharding.NamedSharding(
+      planner.mesh, jax.sharding.PartitionSpec()))
+  text = planner.steps.train_step_fn(ph.max_predictions).lower(
+      planner.steps.abstract_params, planner.steps.abstract_opt_state, scalar, batch
+  ).compile().as_text()
+  assert "tpu_custom_call" in text  # Mosaic, compiled for the chip

@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.model import precision
+
 PAD_SEGMENT = 2**30  # padding's segment id: no document ever has it
 MAX_BLOCK = 512
 
@@ -70,7 +72,7 @@ def attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array,
               segments_BxL: jax.Array, window: Optional[int] = None) -> jax.Array:
   """softmax(q k^T) v within each segment (and window), [B, L, H, K]; q already scaled."""
   _, length, heads, _ = q_BxLxHxK.shape
-  interpret = jax.default_backend() != "tpu"
+  interpret = precision.target_backend() != "tpu"  # the platform the step is compiled for
   mesh = _mesh()
 
   def run(q, k, v, seg):

@@ -84,8 +84,8 @@ def parse(text: str) -> Module:
         comps[current] = []
         if header.group(1):
           entry = current
-      elif line.startswith("}"):
-        current = None
+      elif line.rstrip() == "}":  # not "}}, metadata=...": a multi-line attribute's
+        current = None            # continuation (a Mosaic kernel's backend_config)
       continue
     m = _INSTR.match(line)
     if not m or current is None:
