@@ -144,7 +144,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="rounded up to a multiple of the device count")
   p.add_argument("--dtype", default="float32", help=f"compute dtype: {', '.join(DTYPES)}")
   p.add_argument("--attention_kernel", default="einsum",
-                 help=f"attention core: {', '.join(ATTENTION_KERNELS)} (default einsum; "
+                 help=f"attention core: {', '.join(k for k in ATTENTION_KERNELS if k != 'splash')} "
+                 "(default einsum; "
                  "cudnn: cuDNN's fused attention, NVIDIA GPUs only)")
   p.add_argument("--cpu_forward_dots", default=None,
                  help=f"dots on XLA:CPU: {', '.join(CPU_FORWARD_DOTS)} (default: the "
@@ -159,7 +160,9 @@ def run(args: argparse.Namespace) -> Features:
   """Checks the cheap things first so bad input fails before any restore."""
   common.check_choice("--pooling", args.pooling, POOLINGS)
   common.check_choice("--dtype", args.dtype, DTYPES)
-  common.check_choice("--attention_kernel", args.attention_kernel, ATTENTION_KERNELS)
+  # splash needs rows of multiples of 128; extraction pads to the batch's own length.
+  common.check_choice("--attention_kernel", args.attention_kernel,
+                      [k for k in ATTENTION_KERNELS if k != "splash"])
   if args.cpu_forward_dots is not None:  # None: the checkpoint's
     common.check_choice("--cpu_forward_dots", args.cpu_forward_dots, CPU_FORWARD_DOTS)
   if args.attention_kernel == "cudnn" and args.dtype == "float32":
