@@ -350,6 +350,24 @@ def data_settings(config: ml_collections.ConfigDict) -> DataSettings:
 
 MIN_WATCHDOG_S = 1.0  # train/watchdog: below this, healthy steps' gaps look like hangs
 
+def _check_model_with_recipe(c: ml_collections.ConfigDict, model: BertConfig,
+                             init: "InitSettings") -> None:
+  """Cross-field checks of the model against the data and recipe, before any work."""
+  if c.data.get("packing", False) and model.attention_kernel == "cudnn":
+    raise ConfigError("--config.data.packing=True with --config.model.attention_kernel="
+                      "'cudnn': expected 'einsum' or 'jax' (cuDNN's key-length mask cannot "
+                      "keep attention inside each document)")
+  if model.attention_kernel == "splash" and any(l % 128 for l in c.train.seq_lens):
+    raise _fail("train.seq_lens", tuple(c.train.seq_lens), "multiples of 128 with "
+                "--config.model.attention_kernel='splash' (its blocks are TPU tiles of 128)")
+  if model.family == "modernbert" and c.get("objective", "mlm+nsp") != "mlm":
+    raise _fail("objective", c.get("objective", "mlm+nsp"), "'mlm' with --config.model.family="
+                "'modernbert' (it has no next-sentence or sentence-order head)")
+  if model.family == "bert" and model.type_vocab_size < 2 and not init.path:  # A and B alike
+    raise _fail("model.type_vocab_size", model.type_vocab_size,
+                ">= 2 (segment A and segment B of a sentence pair)")
+
+
 # Config fields that hold a path: each a local path or a gs:// URL, checked first.
 PATH_FIELDS = ("data.corpus", "data.vocab_file", "data.cache_dir", "init_from",
                "compile_cache_dir")
@@ -395,19 +413,7 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
   init = _init_settings(c, data)
   if not init.path:  # else the shape is the source's: bert_jax.train.init_from checks the config
     model.validate()
-  if c.data.get("packing", False) and model.attention_kernel == "cudnn":  # before any work
-    raise ConfigError("--config.data.packing=True with --config.model.attention_kernel="
-                      "'cudnn': expected 'einsum' or 'jax' (cuDNN's key-length mask cannot "
-                      "keep attention inside each document)")
-  if model.attention_kernel == "splash" and any(l % 128 for l in t.seq_lens):
-    raise _fail("train.seq_lens", tuple(t.seq_lens), "multiples of 128 with --config.model."
-                "attention_kernel='splash' (its blocks are TPU tiles of 128 positions)")
-  if model.family == "modernbert" and c.get("objective", "mlm+nsp") != "mlm":
-    raise _fail("objective", c.get("objective", "mlm+nsp"), "'mlm' with --config.model.family="
-                "'modernbert' (it has no next-sentence or sentence-order head)")
-  if model.family == "bert" and model.type_vocab_size < 2 and not init.path:  # A and B alike
-    raise _fail("model.type_vocab_size", model.type_vocab_size,
-                ">= 2 (segment A and segment B of a sentence pair)")
+  _check_model_with_recipe(c, model, init)
   # A continued run's position table is its source's: bert_jax.train.init_from checks seq_lens.
   max_positions = model.max_position_embeddings if not init.path else 1 << 30
   train = TrainSettings(

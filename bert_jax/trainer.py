@@ -130,11 +130,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
     raise
   finally:
     signals.uninstall()
-    if failed:  # the error the run stops with stays the one it reports
-      with contextlib.suppress(BertJaxError, OSError):
-        reporter.close()
-    else:
-      reporter.close()
+    _close(reporter, failed)
     # Also when stopped: the time up to here is this session's. A record that cannot be
     # written then must not hide the error the run is stopping with.
     with contextlib.suppress(BertJaxError):
@@ -145,6 +141,16 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
   console.log(f"checkpoints: {checkpoint_dir(workdir)}; TensorBoard: "
               f"{fs.join(workdir, 'tensorboard')}; plot: {plot}")
   return ev
+
+
+def _close(reporter: Reporter, failed: bool) -> None:
+  """Closes the reporter; after a failure, an error of its own never replaces the error
+  the run stops with."""
+  if not failed:
+    reporter.close()
+    return
+  with contextlib.suppress(BertJaxError, OSError):
+    reporter.close()
 
 
 def _prepare(s: Settings, workdir: str, source) -> tuple:

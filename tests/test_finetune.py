@@ -14,7 +14,7 @@ from bert_jax.io import checkpointing, convert
 from bert_jax.commands import convert as convert_cli
 from bert_jax.eval import classifier, finetune, finetune_report, tasks
 from bert_jax.model.config import BertConfig
-from bert_jax.model.bert import init_params
+from bert_jax.model.family import init_params
 from bert_jax.data.tokenizer import SPECIAL_TOKENS
 import tiny_run
 

@@ -54,7 +54,7 @@ def _state():
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from bert_jax.model.bert import abstract_params
+  from bert_jax.model.family import abstract_params
   from bert_jax.model.config import BertConfig
   config = BertConfig(vocab_size=30522)  # BERT-Base: 12 layers, hidden 768
   import flax.linen as nn

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bert_jax.model import bert as model_lib
+from bert_jax.model import family as model_lib
 from bert_jax.model import precision
 from bert_jax import settings as settings_lib
 from bert_jax.parallel import sharding

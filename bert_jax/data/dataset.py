@@ -1,8 +1,7 @@
 """Prepare pre-training data once (corpus -> WordPiece -> examples -> array_record),
 in parts, by as many workers and hosts as there are, and reuse it on later runs.
 
-  vocabulary   trained once (process 0) from the first `data.vocab_sample_bytes`
-               characters of training text, or read from `data.vocab_file`
+  vocabulary   trained once (process 0) on `data.vocab_sample_bytes` of text, or `vocab_file`
   parts        the corpus cut at document boundaries that depend on the corpus
                alone (prep_parts); each part prepared on its own, streaming, in
                bounded memory (prep_write), by `data.num_workers` worker processes
@@ -17,10 +16,9 @@ Layout under `cache_dir`:
     tokenizer/            vocab.txt + tokenizer_config.json; seq<L>/: info.json + shards
   .<key>.parts-seq<L>/    while preparing: tokenizer/, part-<i>/ (complete parts only)
 
-The merge is written to `.<key>.tmp-<host>-<pid>/` and renamed to `<key>/`; a seq_len
-added later goes through `<key>/.parts-seq<L>/` and `<key>/.seq<L>.tmp-<host>-<pid>/` to
-`seq<L>/`. So whatever exists under its final name is complete; a crash leaves the
-finished parts (a rerun uses them) and `.tmp` debris (never read, removed later).
+The merge goes to `.<key>.tmp-<host>-<pid>/`, renamed to `<key>/`; a seq_len added later
+through `<key>/.parts-seq<L>/` and `<key>/.seq<L>.tmp-<host>-<pid>/` to `seq<L>/`. What
+exists under its final name is complete; a crash leaves finished parts and `.tmp` debris.
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.data.prep_store import (  # noqa: F401  (re-exported: the data's public names)
     HEADER, INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE, TOKENIZER_DIR, ExampleSource,
     owner, remove_stale, seq_dir, shard_path, write_json)
-from bert_jax.data.prep_write import split_documents  # noqa: F401
 from bert_jax.data.prep_check import (  # noqa: F401
     CacheDirError, PreparedDataError, check_corpus_unchanged, check_seq_dir, is_complete, writable,
     write_manifest)
@@ -264,10 +261,7 @@ def finish(c: DataSettings, seq_lens: list[int], where: Where, seed: int) -> str
   cache_dir, key = os.path.split(directory)
   complete = is_complete(directory, repair=False)
   missing = _missing(directory, seq_lens, complete)
-  if not missing:
-    # Another run on this cache_dir finished first, after this one had made (or made
-    # again) its parts folder: nothing reads it now, so it goes too (the last run to
-    # finish leaves nothing behind).
+  if not missing:  # another run finished it first: the parts this one made are no one's
     if where.parts_root:
       shutil.rmtree(where.parts_root, ignore_errors=True)
     return directory

@@ -16,7 +16,7 @@ from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.parallel import sharding
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.io import checkpointing
-from bert_jax.model.bert import abstract_params
+from bert_jax.model.family import abstract_params
 from bert_jax.model.config import BertConfig
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.model.config import BertConfig
-from bert_jax.model.bert import abstract_params
+from bert_jax.model.family import abstract_params
 
 # Parameter groups: the encoder must be complete; the others may be initialised.
 ENCODER, POOLER, MLM, NSP = "encoder", "pooler", "mlm", "nsp"

@@ -9,7 +9,7 @@ K head size (D / H), F feed-forward size, P masked positions, V padded vocab.
 """
 
 import functools
-from typing import Any, Optional
+from typing import Optional
 
 import flax
 import flax.linen as nn
@@ -84,7 +84,7 @@ def dense_kw(config: BertConfig, dtype=None) -> dict:
   return {"dtype": jnp.float32, "dot_general": precision.dot_general_fn(config.compute_dtype)}
 
 
-def _einsum(config: BertConfig, spec: str, a, b, out_dtype):
+def activation_einsum(config: BertConfig, spec: str, a, b, out_dtype):
   """The model's activation x activation matmuls (attention scores and context)."""
   if config.mixed:
     return precision.einsum(spec, a, b, op_dtype=config.compute_dtype, out_dtype=out_dtype)
@@ -293,12 +293,13 @@ class SelfAttention(nn.Module):
     c = self.config
     cd = c.compute_dtype
     # Scores and softmax in float32, as the reference does.
-    s_BxHxLxL = _einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK, jnp.float32)
+    s_BxHxLxL = activation_einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK, jnp.float32)
     drop = Dropout(c.attention_dropout_rate, c.dropout_rng)
     if c.attention_softmax == "standard":
       p_BxHxLxL = jax.nn.softmax(s_BxHxLxL + bias_Bx1x1xL, axis=-1)
       p_BxHxLxL = drop(p_BxHxLxL, deterministic=deterministic).astype(cd)
-      return _einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK, None if not c.mixed else cd)
+      return activation_einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK,
+                               None if not c.mixed else cd)
     # 'deferred': softmax(s) @ v == (exp(s - max) @ v) / sum(exp(s - max)), and dropout,
     # a per-element scale, commutes with the per-row division. Dividing the [L, K]
     # context skips a pass over the [L, L] probabilities.
@@ -308,7 +309,7 @@ class SelfAttention(nn.Module):
     e_BxHxLxL = drop(e_BxHxLxL, deterministic=deterministic).astype(cd)
     # Divided in the dot's own [B, H, L, K] layout, then moved: on XLA:CPU the core ran
     # about twice as fast this way as divided in [B, L, H, K] (tools/bench_layer_ops.py).
-    o_BxHxLxK = _einsum(c, "bhqs,bshk->bhqk", e_BxHxLxL, v_BxLxHxK, jnp.float32)
+    o_BxHxLxK = activation_einsum(c, "bhqs,bshk->bhqk", e_BxHxLxL, v_BxLxHxK, jnp.float32)
     return (o_BxHxLxK / sum_BxHxLx1).astype(cd).transpose(0, 2, 1, 3)
 
 
@@ -421,15 +422,3 @@ class BertForPreTraining(nn.Module):
     logits_BxPxV = logits_BxPxV + bias_V
     nsp_Bx2 = self.nsp(enc.pooled_BxD.astype(jnp.float32))
     return PreTrainingOutput(logits_BxPxV, nsp_Bx2, enc)
-
-
-def abstract_params(config: BertConfig) -> Any:
-  """The parameter tree's shapes and logical axis names (model/family: either family)."""
-  from bert_jax.model import family  # pylint: disable=import-outside-toplevel  (it imports this)
-  return family.abstract_params(config)
-
-
-def init_params(config: BertConfig, key: jax.Array) -> Any:
-  """Freshly initialised parameters (model/family: either family)."""
-  from bert_jax.model import family  # pylint: disable=import-outside-toplevel
-  return family.init_params(config, key)

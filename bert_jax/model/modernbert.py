@@ -142,12 +142,13 @@ class Attention(nn.Module):
     elif c.attention_kernel == "jax":
       o_BxLxHxK = bert.fused_attention("jax", q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL)
     else:
-      s_BxHxLxL = bert._einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK, jnp.float32)  # pylint: disable=protected-access
+      s_BxHxLxL = bert.activation_einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK,
+                                         jnp.float32)
       p_BxHxLxL = jax.nn.softmax(s_BxHxLxL + bias_Bx1xQxL, axis=-1)
       p_BxHxLxL = Dropout(c.attention_dropout_rate, c.dropout_rng)(
           p_BxHxLxL, deterministic=deterministic).astype(cd)
-      o_BxLxHxK = bert._einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK,  # pylint: disable=protected-access
-                               None if not c.mixed else cd)
+      o_BxLxHxK = bert.activation_einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK,
+                                         None if not c.mixed else cd)
     o_BxLxD = nn.DenseGeneral(
         c.hidden_size, axis=(-2, -1), use_bias=c.attention_bias, **dense_kw(c),
         kernel_init=_init(std["out"], ("heads", "kv", "embed")),
