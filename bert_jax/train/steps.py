@@ -32,6 +32,7 @@ from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.model.config import BertConfig
 from bert_jax.data.pretraining_data import OBJECTIVES, Batch
+from bert_jax.data.tokenizer import CLS, SPECIAL_TOKENS
 from bert_jax.settings import MaskingSettings, OptimizerSettings, Settings
 
 # Metric prefix of the 2-way head's task per objective; None: MLM alone.
@@ -62,8 +63,8 @@ class TrainSteps:
     self.mask_prob = masking_settings.mask_prob
     self.special_ids = list(special_ids)
     # Packed rows (data/packing): each [CLS] starts a document. special_ids is the
-    # tokenizer's [PAD], [UNK], [CLS], [SEP], [MASK].
-    self.cls_id = self.special_ids[2] if packed else None
+    # tokenizer's, in SPECIAL_TOKENS' order.
+    self.cls_id = self.special_ids[SPECIAL_TOKENS.index(CLS)] if packed else None
     if packed and bert_config.attention_kernel == "cudnn":
       raise ConfigError("--config.data.packing=True with --config.model.attention_kernel="
                         "'cudnn': expected 'einsum' or 'jax' (cuDNN's key-length mask cannot "
