@@ -28,3 +28,12 @@ def _session_tmpdir(tmp_path_factory):
   else:
     os.environ["TMPDIR"] = old
   tempfile.tempdir = None
+
+
+@pytest.fixture(autouse=True)
+def _no_stop_request_left():
+  """A signal a test sent to this process and no run carried out must not stop the next
+  test's run at its first safe point (bert_jax.errors' stop request is process-wide)."""
+  yield
+  from bert_jax import errors  # pylint: disable=import-outside-toplevel
+  errors.clear_stop()

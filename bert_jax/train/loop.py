@@ -139,6 +139,7 @@ class TrainLoop:
       self._save(phase, position)  # not the state of a spike: its resume finds it again
     self.ckpts.finish_save()
     name = signal.Signals(signum).name
+    self.signals.served = True
     raise Preempted(f"stopped by {name} at step {self.state.step}; checkpoint "
                     f"{self.ckpts.ckpt_dir}/{self.ckpts.latest_step()} is complete; rerun the "
                     "same command to resume", self.state.step, signum)

@@ -33,6 +33,7 @@ class StopSignals:
 
   def __init__(self):
     self._previous: dict = {}
+    self.served = False  # a stop it asked for was carried out (the loop raised Preempted)
 
   @property
   def signum(self) -> Optional[int]:
@@ -49,6 +50,8 @@ class StopSignals:
     for sig, handler in self._previous.items():
       signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     self._previous = {}
+    if self.served:  # carried out: a caller in this process (a test, a notebook) goes on
+      errors.clear_stop()
 
   def _handle(self, signum, frame) -> None:
     name = signal.Signals(signum).name
