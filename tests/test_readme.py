@@ -77,6 +77,10 @@ SKIP = {
         "fine-tuning on tasks it writes in GLUE's layouts"),
     "python -m bert_jax.convert to-hf runs/mrpc-model ": "exports the model of the "
                                                            "skipped GLUE command above",
+    "python train.py --config configs/modernbert_tiny.py --workdir runs/modernbert-continued ": (
+        "continues the shrunk run above (2 layers here, 3 in configs/modernbert_tiny.py, and a "
+        "continued run takes the config's shape as a contradiction); "
+        "tests/test_modernbert_runs.py continues a ModernBERT export through init_from"),
 }
 
 _FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```\s*$", re.M | re.S)
