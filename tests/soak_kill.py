@@ -231,6 +231,25 @@ def kill_after_steps(start: Callable[[], subprocess.Popen], workdir: str,
         proc.kill()
 
 
+def kill_after_checkpoints(start: Callable[[], subprocess.Popen], workdir: str,
+                           checkpoints: Sequence[int], rng: random.Random) -> None:
+  """For each of `checkpoints`: a run from `start()`, SIGKILLed at a random moment just
+  after that checkpoint is complete (each resumes from the one before)."""
+  for ckpt in checkpoints:
+    proc = start()
+    try:
+      while proc.poll() is None and ckpt not in complete_steps(workdir):
+        sleep(0.002)
+      sleep(rng.uniform(0.0, 0.03))
+      assert proc.poll() is None, f"train.py ended before checkpoint {ckpt}"
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def wait_for_tmp_dir(proc: subprocess.Popen, workdir: str) -> None:
   """Until an Orbax temporary checkpoint folder exists: a save is being written."""
   while proc.poll() is None and not tmp_dirs(workdir):

@@ -6,7 +6,6 @@ devices equal 1 process x 8; and an export to transformers' classes, read back t
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 
@@ -49,20 +48,10 @@ def test_kill_9_inside_each_phase_and_at_the_boundary_then_resume_is_exact(base,
   workdir = str(base / "killed")
   env = soak_kill.subprocess_env(str(base / "xla"))
   train = [sys.executable, os.path.join(ROOT, "train.py"), *_args(base, workdir)]
-  for ckpt in (4, 8, 12):  # inside phase 0, the boundary, inside phase 1
-    proc = subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-      while proc.poll() is None and ckpt not in soak_kill.complete_steps(workdir):
-        soak_kill.sleep(0.002)
-      soak_kill.sleep(rng.uniform(0.0, 0.03))
-      assert proc.poll() is None, f"seed {seed}: ended before checkpoint {ckpt}"
-      proc.send_signal(signal.SIGKILL)
-      proc.wait()
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+  start = lambda: subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,  # noqa: E731
+                                   stderr=subprocess.DEVNULL)
+  # Inside phase 0, at the boundary, inside phase 1.
+  soak_kill.kill_after_checkpoints(start, workdir, (4, 8, 12), rng)
   soak_kill.run_to_end(train[2:], env)
   assert soak_kill.differences(reference, workdir) == [], f"seed {seed}"
 
