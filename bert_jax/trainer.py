@@ -19,7 +19,7 @@ import numpy as np
 from bert_jax import console, settings as settings_lib
 from bert_jax.data import batch_ramp
 from bert_jax.parallel import sharding, workdir_lock
-from bert_jax.storage import fs
+from bert_jax.storage import fs, mirror
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, goodput, init_from
 from bert_jax.errors import BertJaxError, ConfigError, check_stop
@@ -42,6 +42,7 @@ def _check_workdir(workdir: str) -> None:
   fs.check_path("--workdir", workdir)
   if fs.is_gcs(workdir):
     fs.check_bucket(workdir)  # missing, forbidden or unreachable: one line, nothing written
+    mirror.interval_s()  # the log upload interval: a bad value is one line before any work
     return
   path = os.path.abspath(workdir)
   while not os.path.isdir(path):

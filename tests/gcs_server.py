@@ -146,6 +146,7 @@ class Front:
     self.server, self.port = server, _free_port()
     self.url = f"http://127.0.0.1:{self.port}"
     self.seen: list[Request] = []
+    self.sent: list[int] = []  # each request's body size in bytes, in `seen`'s order
     self._forbid: Callable[[Request], bool] = lambda r: False
     self._cut: Callable[[Request], bool] = lambda r: False
     self.down = threading.Event()
@@ -201,6 +202,7 @@ class Front:
         body = self._body()
         request = _object_of(self.command, self.path, body)
         front.seen.append(request)
+        front.sent.append(len(body))
         if front.down.is_set() or front._cut(request):  # pylint: disable=protected-access
           front.down.set()
           self.close_connection = True

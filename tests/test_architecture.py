@@ -7,6 +7,7 @@ drags in transitively counts, not only its own import lines.
 """
 
 import ast
+import glob
 import json
 import os
 import re
@@ -375,3 +376,19 @@ def test_pyproject_installs_every_subpackage(tmp_path):
     listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
   folders = {m for m in _modules() if os.path.basename(_modules()[m]) == "__init__.py"}
   assert listed == folders | {"bert_jax.configs"}, sorted(listed ^ (folders | {"bert_jax.configs"}))
+
+
+def test_every_environment_variable_the_package_reads_is_in_the_docs_table():
+  """Settings kept as environment variables are documented (issue 42): each BERT_JAX_*
+  name in the package is a row of docs/multi-host-and-tpu.md's table, and each row is
+  still read somewhere."""
+  used = set()
+  for path in glob.glob(os.path.join(PACKAGE, "**", "*.py"), recursive=True):
+    with open(path, encoding="utf-8") as f:
+      used |= set(re.findall(r"\bBERT_JAX_[A-Z_]+\b", f.read()))
+  with open(os.path.join(REPO, "docs", "multi-host-and-tpu.md"), encoding="utf-8") as f:
+    text = f.read()
+  table = text[text.index("<!-- env:start -->"):text.index("<!-- env:end -->")]
+  rows = set(re.findall(r"^\| `(BERT_JAX_[A-Z_]+)`", table, re.M))
+  assert used - rows == set(), f"undocumented: {sorted(used - rows)}"
+  assert rows - used == set(), f"documented but never read: {sorted(rows - used)}"

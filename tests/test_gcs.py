@@ -346,6 +346,36 @@ def test_kill_9_mid_save_and_anywhere_then_resume_on_a_bucket_equals_the_local_r
   assert _complete_steps(server, "killed-run") == soak_kill.complete_steps(local_reference)
 
 
+@pytest.mark.slow
+def test_logs_uploaded_only_at_checkpoints_lose_no_row_to_kill_9_or_sigterm(
+    server, local_reference, tmp_path):
+  """With background uploads never due (an hour apart), rows reach the bucket only at
+  each checkpoint and at the end: kill -9 just after checkpoints 4 and 8, SIGTERM after
+  12, then the run to the end has every train row and checkpoint of the uninterrupted
+  local run, bit for bit."""
+  env = {**soak_kill.subprocess_env(), "BERT_JAX_LOG_UPLOAD_S": "3600"}
+  args = _gcs_args("gs://bkt/logs-at-checkpoints", str(tmp_path / "prepared"))
+  mirror = _mirror(server, "logs-at-checkpoints")
+  start = lambda: subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   text=True)
+  soak_kill.kill_after_checkpoints(start, mirror, [4, 8], random.Random(0))
+  proc = start()
+  while proc.poll() is None and 12 not in _complete_steps(server, "logs-at-checkpoints"):
+    time.sleep(0.002)
+  proc.send_signal(signal.SIGTERM)
+  stderr = proc.communicate(timeout=300)[1]
+  assert "stopped by SIGTERM" in stderr, stderr[-2000:]
+  stopped = max(_complete_steps(server, "logs-at-checkpoints"))
+  train = [r["step"] for r in soak_kill.read_metrics(mirror) if r["split"] == "train"]
+  assert train == list(range(1, stopped + 1))  # every row up to the stop, once
+  last = soak_kill.run_to_end(args, env)
+  # The emulator checks no credentials: TensorStore is told so, and says nothing of them.
+  assert "credentials" not in stderr + last.stderr, last.stderr[-2000:]
+  diffs = soak_kill.differences(local_reference, mirror)
+  assert not diffs, diffs
+
+
 def _upload_checkpoints(workdir: str, bucket_workdir: str, tmp_path) -> None:
   """A local run's checkpoints, uploaded to the bucket, each step and item folder marked
   complete as Orbax marks them on GCS (its commit file)."""

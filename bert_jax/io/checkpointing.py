@@ -21,6 +21,7 @@ from jax.experimental import multihost_utils
 
 from bert_jax.errors import CheckpointError
 from bert_jax.storage import fs
+from bert_jax.storage.retries import configure_clients, tensorstore_retries
 
 ITEMS = ("params", "opt_state", "meta")
 RESTORED_STEP = "restored_step"  # added to the meta restore_params returns
@@ -64,17 +65,15 @@ def _bound_gcs_retries() -> None:
   """TensorStore retries a GCS request up to 32 times with delays up to 32 s (a quarter
   of an hour against a server that is gone); a run should stop with one line well
   before that. Orbax builds every TensorStore context from these dicts (it offers no
-  option for it), so the bound goes there: BERT_JAX_GCS_TS_RETRIES retries (8), delays
-  from 1 s doubling up to 8 s (about 45 s in all)."""
+  option for it), so the bound goes there, from the file layer's one retry policy
+  (`retries.tensorstore_retries`); called before each manager is made, not at import."""
   from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
-  retries = {"max_retries": int(os.environ.get("BERT_JAX_GCS_TS_RETRIES", 8)),
-             "initial_delay": "1s", "max_delay": "8s"}
+  configure_clients()
   for context in (ts_utils._BASE_TS_CONTEXT,  # pylint: disable=protected-access
                   ts_utils._DEFAULT_OCDBT_TS_CONTEXT):  # pylint: disable=protected-access
-    context.setdefault("gcs_request_retries", retries)
+    context["gcs_request_retries"] = tensorstore_retries()
 
 
-_bound_gcs_retries()
 if not getattr(sys.unraisablehook, "bert_jax", False):
   sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
 
@@ -82,6 +81,7 @@ if not getattr(sys.unraisablehook, "bert_jax", False):
 def _handlers() -> dict:
   # Registered up front so a manager opened only to read (restore_params)
   # knows each item's format and can report its metadata.
+  _bound_gcs_retries()  # every manager is made with these handlers
   return {"params": ocp.StandardCheckpointHandler(),
           "opt_state": ocp.StandardCheckpointHandler(),
           "meta": ocp.JsonCheckpointHandler()}

@@ -5,13 +5,15 @@ itself uses for checkpoints, with gcsfs underneath), so checkpoints, metrics and
 outputs find a bucket with the same credentials: Google's default credentials from the
 environment (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's, or a TPU VM's service
 account); none is ever printed. `STORAGE_EMULATOR_HOST` (a local GCS server, as the
-tests run one) also points TensorStore, Orbax's array storage, at that server.
+tests run one) also points TensorStore, Orbax's array storage, at that server
+(`retries.configure_clients`, at the first bucket request).
 
 Writes are whole-object and atomic on both: a local file is written beside its
 target and renamed; a GCS object is visible only once its upload completes, so a
 reader never sees a half-written file. GCS has no append and no rename of folders:
-callers that append (metrics.jsonl) rewrite the object, and folders that must appear
-complete (checkpoints) rely on Orbax's commit file on GCS.
+files that grow (metrics.jsonl, TensorBoard events) are appended to their objects by
+compose (storage/mirror.py), and folders that must appear complete (checkpoints) rely on
+Orbax's commit file on GCS.
 
 A bucket that is missing, forbidden, or a server that stops answering is one
 `StorageError` line naming the path, after bounded retries with backoff for the
@@ -30,13 +32,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from bert_jax.storage.retries import (GCS, StorageError, check_bucket, check_path,  # noqa: F401
-                                     env_number, is_gcs, is_transient, retrying,
-                                     storage_error)
+                                     configure_clients, env_number, is_gcs, is_transient,
+                                     retrying, storage_error)
 
 T = TypeVar("T")
 
-if os.environ.get("STORAGE_EMULATOR_HOST") and not os.environ.get("TENSORSTORE_GCS_HTTP_URL"):
-  os.environ["TENSORSTORE_GCS_HTTP_URL"] = os.environ["STORAGE_EMULATOR_HOST"]
 # gcsfs warns on every bucket it opens without default credentials (an emulator, a
 # public bucket), and logs each failed attempt: our one line says what matters.
 logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # its retries' errors: ours report
@@ -62,6 +62,7 @@ def basename(path: str) -> str:
 def _epath(path: str):
   from etils import epath  # heavy (and gcsfs under it): only for bucket paths
   import fsspec  # pylint: disable=import-outside-toplevel
+  configure_clients()
   # A request to a server that accepts and never answers times out (gcsfs: no limit).
   fsspec.config.conf.setdefault("gcs", {}).update(requests_timeout=60)
   return epath.Path(path)
@@ -107,7 +108,7 @@ def find(path: str) -> list[str]:
   """Every file (object) under a folder (prefix), as full paths, sorted."""
   if not is_gcs(path):
     return sorted(os.path.join(d, f) for d, _, files in os.walk(path) for f in files)
-  found = retrying(path, "list", lambda: _gcsfs().find(path))
+  found = retrying(path, "list", lambda: gcsfs().find(path))
   return sorted(n if n.startswith(GCS) else GCS + n for n in found)
 
 
@@ -248,7 +249,7 @@ def move_tree(src: str, dst: str) -> None:
     return
   if not (is_gcs(src) and is_gcs(dst)):
     _local_only(src, dst, "move")
-  fsys, src, dst = _gcsfs(), src.rstrip("/"), dst.rstrip("/")
+  fsys, src, dst = gcsfs(), src.rstrip("/"), dst.rstrip("/")
   names = find(src)
   for name in names:
     target = dst + name[len(src):]
@@ -274,7 +275,7 @@ def download(path: str, local: str) -> None:
   write_atomic_local(local, lambda f: f.write(data))
 
 
-def _gcsfs():
+def gcsfs():
   import fsspec  # pylint: disable=import-outside-toplevel
   _epath(GCS)  # the same settings as every other request
   return fsspec.filesystem("gcs")
@@ -291,7 +292,7 @@ def local_mirror(path: str, root: str | None = None) -> str:
     return path
   root = root or os.path.expanduser(os.environ.get("BERT_JAX_GCS_MIRROR", "~/.cache/bert_jax/gcs"))
   local_of = lambda name: os.path.join(root, name[len(GCS):] if name.startswith(GCS) else name)
-  fsys = _gcsfs()
+  fsys = gcsfs()
   pattern = any(c in path for c in "*?[")
   if pattern:
     found = retrying(path, "list", lambda: fsys.glob(path, detail=True))

@@ -55,6 +55,28 @@ def backoff_s() -> float:
   return BACKOFF_S if BACKOFF_S is not None else env_number("BERT_JAX_GCS_BACKOFF_S", 2.0)
 
 
+def tensorstore_retries() -> dict:
+  """The same policy for TensorStore (Orbax's array storage), which retries each request
+  itself: 4 tries per round (8 by default), delays from half the backoff doubling up to
+  four times it (1 s to 8 s: about 45 s against a server that is gone, where its own
+  default, 32 tries up to 32 s apart, is a quarter of an hour)."""
+  return {"max_retries": 4 * (retry_rounds() + 1), "initial_delay": f"{backoff_s() / 2:g}s",
+          "max_delay": f"{backoff_s() * 4:g}s"}
+
+
+def configure_clients() -> None:
+  """Process-wide client settings, set before the first bucket request (the file layer
+  and the checkpoint manager call it; nothing is changed at import). With an emulator
+  (`STORAGE_EMULATOR_HOST`, a local GCS server as the tests run one), TensorStore is
+  pointed at it too and given a placeholder token, the one TensorStore's own tests use
+  against a local server: the emulator checks none, and without one TensorStore logs
+  an error line that it found no credentials file. A value the user set is kept."""
+  host = os.environ.get("STORAGE_EMULATOR_HOST")
+  if host:
+    os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host)
+    os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+
+
 class StorageError(BertJaxError):
   """A path that cannot be read or written: a bucket that is missing or forbidden, a
   server that stopped answering (after retries), a full or read-only disk."""

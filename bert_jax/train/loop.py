@@ -281,6 +281,9 @@ class TrainLoop:
     self.state.spike = self.spikes.state()  # the detector as of this step, for a resume
     t0 = time.perf_counter()
     with self.watchdog.paused():  # waits for the previous save
+      # The rows up to this step are stored before its checkpoint can be: a resume from
+      # it logs only later steps again (on a bucket, the logs upload in the background).
+      self.reporter.sync()
       self.ckpts.save(self.state, phase, position)
     self._wait("checkpoint", time.perf_counter() - t0)
 

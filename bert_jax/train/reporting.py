@@ -7,7 +7,6 @@ resumed run shows the whole run.
 import json
 import math
 import numbers
-import os
 from typing import Any, Optional
 
 import jax
@@ -15,6 +14,7 @@ import jax
 from bert_jax import console
 from bert_jax.errors import ConfigError
 from bert_jax.storage import fs
+from bert_jax.storage.mirror import LogFiles
 
 
 def is_record(obj: Any) -> bool:
@@ -38,11 +38,9 @@ class Reporter:
     # Opened at the first write: a run that fails before logging anything (e.g.
     # resuming with another model size) leaves no new events file behind.
     self._tensorboard_dir = fs.join(workdir, "tensorboard")
-    # On a bucket (no append): events are written to a local folder and uploaded whole
-    # after each flush, metrics.jsonl rewritten whole from the text kept here.
-    self._bucket = fs.is_gcs(workdir)
-    self._local_tb = None
-    self._history_text: str | None = None
+    # On a bucket, both are local copies that a background thread appends to their
+    # objects (storage/mirror.py): a log point never waits on the bucket.
+    self._logs = LogFiles(workdir)
     self._writer = None
     self._failed = False  # a write failed (full disk): close() then stays quiet
     self.skipped_lines = 0  # lines of metrics.jsonl that the last read skipped
@@ -55,23 +53,15 @@ class Reporter:
       if self._writer is None:
         # tensorboardX imports torch when installed (+1.3 s a process): only a run that logs pays.
         from tensorboardX import SummaryWriter  # in-function on purpose, see above
-        if self._bucket:
-          import tempfile  # pylint: disable=import-outside-toplevel
-          self._local_tb = tempfile.mkdtemp(prefix="bert_jax-tensorboard-")
-        self._writer = SummaryWriter(self._local_tb or self._tensorboard_dir)
+        self._writer = SummaryWriter(self._logs.folder("tensorboard"))
       for k, v in metrics.items():
         self._writer.add_scalar(f"{split}/{k}", float(v), step)
       self._writer.flush()
-      self._upload_events()
+      self._logs.found("tensorboard")
       where = self.history_path
       line = json.dumps({"split": split, "step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n"
-      if self._bucket:
-        self._history_text = (self._text() if self._history_text is None else
-                              self._history_text) + line
-        fs.write_text(self.history_path, self._history_text)
-      else:
-        with fs.open(self.history_path, "a") as f:
-          f.write(line)
+      with fs.open(self._logs.file("metrics.jsonl"), "a", encoding="utf-8") as f:
+        f.write(line)
     except OSError as e:
       self._failed = True
       raise self._write_error(e, where) from None
@@ -123,39 +113,25 @@ class Reporter:
         kept.append(line if line.endswith("\n") else line + "\n")
     if "".join(kept) == self._text():
       return  # nothing to forget: a resume on a full disk writes nothing here
-    if self._bucket:
-      self._history_text = "".join(kept)
-      fs.write_text(self.history_path, self._history_text)
-      return
-    tmp = self.history_path + ".tmp"
     try:
-      with fs.open(tmp, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
-        f.writelines(kept)
-      fs.replace(tmp, self.history_path)
+      self._logs.replace("metrics.jsonl", "".join(kept).encode("utf-8", "surrogateescape"))
     except OSError as e:
-      if os.path.exists(tmp):
-        os.remove(tmp)
       raise self._write_error(e, self.history_path) from None
 
   def _text(self) -> str:
     # surrogateescape: a line of any bytes is skipped (and kept by truncate), never an error.
-    if self._bucket:
-      if self._history_text is None:
-        self._history_text = (fs.read_bytes(self.history_path).decode("utf-8", "surrogateescape")
-                              if fs.exists(self.history_path) else "")
-      return self._history_text
     try:
-      with fs.open(self.history_path, encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+      with fs.open(self._logs.file("metrics.jsonl"), encoding="utf-8", errors="surrogateescape",
+                newline="\n") as f:
         return f.read()
     except FileNotFoundError:
       return ""
 
-  def _upload_events(self) -> None:
-    """On a bucket: every local events file to `<workdir>/tensorboard/` (whole objects)."""
-    if self._local_tb is None:
-      return
-    for name in os.listdir(self._local_tb):
-      fs.upload(os.path.join(self._local_tb, name), fs.join(self._tensorboard_dir, name))
+  def sync(self) -> None:
+    """Every record written so far is in the workdir (on a bucket: uploaded) when this
+    returns, or its error line is raised: called before each checkpoint, so a kill
+    never loses a record that the resumed run would not log again."""
+    self._logs.sync()
 
   @staticmethod
   def _write_error(e: OSError, path: str) -> ConfigError:
@@ -223,17 +199,17 @@ class Reporter:
     return self.plot_path
 
   def close(self):
-    if self._writer is not None:
-      try:
+    """Closes the events file; on a bucket, waits for the last upload (a StorageError
+    line if the bucket fails it). The local copies stay for `plot` and `history`, and
+    go with this object."""
+    try:
+      if self._writer is not None:
         self._writer.close()
-        self._upload_events()
-      except OSError as e:
-        if not self._failed:  # after a failed write its error is the one reported
-          raise self._write_error(e, self._tensorboard_dir) from None
-      finally:
-        if self._local_tb is not None:
-          import shutil  # pylint: disable=import-outside-toplevel
-          shutil.rmtree(self._local_tb, ignore_errors=True)
+        self._logs.found("tensorboard")
+      self._logs.close()
+    except OSError as e:
+      if not self._failed:  # after a failed write its error is the one reported
+        raise self._write_error(e, self._tensorboard_dir) from None
 
 
 def _lines(text: str) -> list[str]:
