@@ -59,7 +59,10 @@ def _data() -> ml_collections.ConfigDict:
   # line), or 'tfds:<name>:<feature>' e.g. 'tfds:wikipedia/20230601.en:text'.
   c.corpus = "builtin"
   c.format = "auto"  # 'auto' | 'plain' | 'tab'
-  c.vocab_file = ""  # '' = train a WordPiece vocab on the corpus
+  # '' = train a vocabulary on the corpus; a vocab.txt (WordPiece) or a HuggingFace
+  # tokenizer.json (BPE, e.g. a published ModernBERT's: its own normalizer decides casing).
+  c.vocab_file = ""
+  c.tokenizer = "wordpiece"  # what a trained vocabulary is: 'wordpiece' | 'bpe' (byte-level)
   c.vocab_size = 30522  # target size when training a vocab
   c.vocab_sample_bytes = 100_000_000  # a trained vocab learns from this much text
   c.lowercase = True  # lowercase the text (an uncased model)

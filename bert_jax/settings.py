@@ -32,6 +32,7 @@ MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] plus room to mask something
 OPTIMIZERS = ("adamw", "lamb", "stable_adamw")
 SCHEDULES = ("linear", "cosine", "wsd", "inverse_sqrt")  # `config.train.schedule` (train/schedules)
 DECAY_SHAPES = ("linear", "cosine", "sqrt")  # `config.train.decay_shape`, of a wsd schedule
+TOKENIZERS = ("wordpiece", "bpe")  # `config.data.tokenizer`: the kind of a trained vocabulary (data/bpe)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,7 @@ class DataSettings:
   vocab_size: int = 30522
   vocab_sample_bytes: int = 100_000_000
   lowercase: bool = True
+  tokenizer: str = "wordpiece"  # a trained vocabulary's kind (TOKENIZERS)
   short_seq_prob: float = 0.1
   dupe_factor: int = 5
   eval_dupe_factor: int = 0  # 0 = dupe_factor
@@ -85,6 +87,8 @@ class DataSettings:
       raise _fail("data.streams", self.streams, "an integer >= 1")
     if self.format not in corpus.FORMATS:
       raise _fail("data.format", self.format, f"one of {', '.join(corpus.FORMATS)}")
+    if self.tokenizer not in TOKENIZERS:
+      raise _fail("data.tokenizer", self.tokenizer, f"one of {', '.join(map(repr, TOKENIZERS))}")
     if self.vocab_sample_bytes < 1:
       raise _fail("data.vocab_sample_bytes", self.vocab_sample_bytes, ">= 1")
     if not self.vocab_file and self.vocab_size < 1:
@@ -93,7 +97,11 @@ class DataSettings:
     if v and not v.startswith("gs://") and not os.path.isfile(v):
       raise ConfigError(f"--config.data.vocab_file: '{v}' " + ("is a directory" if os.path.isdir(
           v) else "does not exist or is not a file") + "; expected a vocab.txt file (one token "
-          "per line)")
+          "per line, or a HuggingFace tokenizer.json)")
+
+  @property
+  def is_bpe(self) -> bool:  # a tokenizer.json given, or a vocabulary trained as 'bpe'
+    return self.vocab_file.endswith(".json") if self.vocab_file else self.tokenizer == "bpe"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,6 +371,9 @@ def _check_model_with_recipe(c: ml_collections.ConfigDict, model: BertConfig,
   if model.family == "modernbert" and c.get("objective", "mlm+nsp") != "mlm":
     raise _fail("objective", c.get("objective", "mlm+nsp"), "'mlm' with --config.model.family="
                 "'modernbert' (it has no next-sentence or sentence-order head)")
+  if c.masking.get("whole_word", False) and data_settings(c).is_bpe:
+    raise _fail("masking.whole_word", True, "False with a BPE vocabulary (whole words are "
+                "found from WordPiece's '##' pieces)")
   if model.family == "bert" and model.type_vocab_size < 2 and not init.path:  # A and B alike
     raise _fail("model.type_vocab_size", model.type_vocab_size,
                 ">= 2 (segment A and segment B of a sentence pair)")

@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import console, settings as settings_lib
-from bert_jax.data import batch_ramp
+from bert_jax.data import batch_ramp, bpe
 from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.storage import fs, mirror
 from bert_jax.model import precision
@@ -95,8 +95,8 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
   check_stop()
   _log_model(steps, tok.vocab_size, s.requested_dtype)
   ckpts = RunCheckpoints(checkpoint_dir(workdir), s.run.keep_checkpoints, steps, {
-      "model_config": steps.bert_config.to_dict(), "vocab": tok.vocab,
-      "lowercase": tok.lowercase, "seed": s.run.seed, "config": json.loads(s.config_json)})
+      "model_config": steps.bert_config.to_dict(), **bpe.to_meta(tok),
+      "seed": s.run.seed, "config": json.loads(s.config_json)})
   reporter = Reporter(workdir)
   signals = StopSignals().install()
   ledger = ledger or goodput.Ledger(workdir, jax.process_index() == 0, time.time())

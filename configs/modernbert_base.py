@@ -24,7 +24,10 @@ TOKENS_PER_STEP = SEQ * BATCH
 def get_config():
   c = default_config.get_config()
   c.objective = "mlm"
-  c.data.vocab_size = 50368  # a WordPiece of ModernBERT's vocabulary size (its own is BPE)
+  c.data.tokenizer = "bpe"  # byte-level BPE, trained on the corpus; or data.vocab_file =
+  # a published ModernBERT's tokenizer.json (its OLMo-derived BPE)
+  c.data.vocab_size = 50368  # ModernBERT's vocabulary size
+  c.data.lowercase = False  # cased, as ModernBERT
   c.data.packing = True
   m = c.model
   m.family = "modernbert"

@@ -11,6 +11,8 @@ from bert_jax import default_config
 def get_config():
   c = default_config.get_config()
   c.objective = "mlm"
+  # WordPiece, as configs/tiny.py: the family comparison (tools/compare_families.py)
+  # differs in the architecture alone; --config.data.tokenizer=bpe gives ModernBERT's kind.
   c.data.vocab_size = 4096
   c.data.dupe_factor = 10
   c.data.eval_fraction = 0.1

@@ -1,6 +1,5 @@
-"""Prepare pre-training data once (corpus -> WordPiece -> examples -> array_record),
-in parts, by as many workers and hosts as there are, and reuse it on later runs.
-
+"""Prepare pre-training data once (corpus -> WordPiece or BPE ids -> examples ->
+array_record), in parts, by as many workers and hosts as there are, and reuse it.
   vocabulary   trained once (process 0) on `data.vocab_sample_bytes` of text, or `vocab_file`
   parts        the corpus cut at document boundaries that depend on the corpus
                alone (prep_parts); each part prepared on its own, streaming, in
@@ -13,7 +12,7 @@ Layout under `cache_dir`:
 
   <key>/                  `Prepared.directory`; key = hash of the settings.json there
     stats.json            counts: documents, sentences, tokens, repaired input, examples
-    tokenizer/            vocab.txt + tokenizer_config.json; seq<L>/: info.json + shards
+    tokenizer/            vocab.txt or tokenizer.json, tokenizer_config.json; seq<L>/: shards
   .<key>.parts-seq<L>/    while preparing: tokenizer/, part-<i>/ (complete parts only)
 
 The merge goes to `.<key>.tmp-<host>-<pid>/`, renamed to `<key>/`; a seq_len added later
@@ -40,7 +39,7 @@ from bert_jax.data.prep_store import (  # noqa: F401  (re-exported: the data's p
 from bert_jax.data.prep_check import (  # noqa: F401
     CacheDirError, PreparedDataError, check_corpus_unchanged, check_seq_dir, is_complete, writable,
     write_manifest)
-from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.data import bpe
 from bert_jax.storage import fs
 
 if TYPE_CHECKING:  # data code takes its typed part of the settings, never a config
@@ -53,7 +52,7 @@ DATA_VERSION = 3  # 3: text that spells [CLS], [SEP], [MASK], [PAD] is ordinary 
 @dataclasses.dataclass
 class Prepared:
   """Prepared data: sources are random-access (`len(src)`, `src[i]` -> dict)."""
-  tokenizer: Tokenizer
+  tokenizer: bpe.AnyTokenizer
   train: dict[int, Any]
   eval: dict[int, Any]
   directory: str
@@ -95,7 +94,7 @@ class Where:
 
 def prepare(data_config: DataSettings, seq_lens: Sequence[int], cache_dir: str,
             seed: int, local: Share | None = None,
-            tokenizer: Tokenizer | None = None) -> Prepared:
+            tokenizer: bpe.AnyTokenizer | None = None) -> Prepared:
   """Returns the data for every seq_len, preparing (only) what is not stored yet.
 
   With `local`, the data holds only that share's parts (a host-local cache:
@@ -132,7 +131,7 @@ def _checked_seq_lens(seq_lens: Sequence[int]) -> list[int]:
 
 def load(directory: str, seq_lens: Sequence[int]) -> Prepared:
   """The complete preparation in `directory`."""
-  tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER_DIR))
+  tokenizer = bpe.load(os.path.join(directory, TOKENIZER_DIR))
   train, eval_ = {}, {}
   for l in seq_lens:
     train[l], eval_[l] = open_split(directory, l, "train"), open_split(directory, l, "eval")
@@ -140,7 +139,7 @@ def load(directory: str, seq_lens: Sequence[int]) -> Prepared:
 
 
 def vocabulary(c: DataSettings, seq_lens: Sequence[int], cache_dir: str, seed: int,
-               hosts: int = 1) -> tuple[Tokenizer, str]:
+               hosts: int = 1) -> tuple[bpe.AnyTokenizer, str]:
   """The preparation's vocabulary (trained now if not stored) and the folder it is in.
 
   Stored means in the complete preparation, or in process 0's host-local one of
@@ -155,7 +154,7 @@ def vocabulary(c: DataSettings, seq_lens: Sequence[int], cache_dir: str, seed: i
     directory, complete = first_host, True
   if complete:
     where = os.path.join(directory, TOKENIZER_DIR)
-    return Tokenizer.load(where), where
+    return bpe.load(where), where
   made_cache_dir = not os.path.exists(cache_dir)
   parts_root = _parts_root(cache_dir, directory, key,
                            _missing(directory, _checked_seq_lens(seq_lens), complete), complete)
@@ -169,11 +168,11 @@ def vocabulary(c: DataSettings, seq_lens: Sequence[int], cache_dir: str, seed: i
       if made_cache_dir:
         os.rmdir(cache_dir)
     raise
-  return Tokenizer.load(where), where
+  return bpe.load(where), where
 
 
 def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: int,
-                  share: Share = Share(), tokenizer: Tokenizer | None = None,
+                  share: Share = Share(), tokenizer: bpe.AnyTokenizer | None = None,
                   local: Share | None = None) -> Where:
   """Prepares this process's share of the parts that are missing.
 
@@ -239,7 +238,7 @@ def _parts_root(cache_dir: str, directory: str, key: str, seq_lens: list[int],
 
 
 def _shared_tokenizer(c: DataSettings, seed: int, parts_root: str,
-                      given: Tokenizer | None) -> str:
+                      given: bpe.AnyTokenizer | None) -> str:
   """The vocabulary every part is made with, stored once in the parts folder."""
   where = os.path.join(parts_root, TOKENIZER_DIR)
   if not os.path.isdir(where):
@@ -329,7 +328,8 @@ def _settings(c: DataSettings, seed: int) -> dict:
     with fs.open(c.vocab_file, "rb") as f:
       vocab = {"file_sha256": hashlib.sha256(f.read()).hexdigest()}
   else:
-    vocab = {"trained_size": int(c.vocab_size), "sample_bytes": int(c.vocab_sample_bytes)}
+    vocab = {"trained_size": int(c.vocab_size), "sample_bytes": int(c.vocab_sample_bytes),
+             **({"kind": c.tokenizer} if c.tokenizer != "wordpiece" else {})}
   vocab["lowercase"] = bool(c.lowercase)
   fingerprint = corpus.fingerprint(c.corpus)
   w = prep_write
@@ -402,13 +402,13 @@ def documents(c: DataSettings, seed: int,
     yield from prep_write.part_documents(c, part, fmt, seed, stats)
 
 
-def make_tokenizer(c: DataSettings, seed: int) -> Tokenizer:
+def make_tokenizer(c: DataSettings, seed: int) -> bpe.AnyTokenizer:
   if c.vocab_file:
-    return Tokenizer.from_vocab_file(c.vocab_file, c.lowercase)
+    return bpe.from_file(c.vocab_file, c.lowercase)
   # Train split only: the eval text must stay unseen, vocabulary included.
   def texts() -> Iterator[str]:  # read twice by Tokenizer.train, streamed both times
     return vocab_sample(documents(c, seed, corpus.CorpusStats()), c.vocab_sample_bytes)
-  return Tokenizer.train(texts, c.vocab_size, c.lowercase)
+  return bpe.train(c.tokenizer, texts, c.vocab_size, c.lowercase)
 
 
 def vocab_sample(docs: Iterator[tuple[bool, list[str]]], max_chars: int) -> Iterator[str]:

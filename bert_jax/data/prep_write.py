@@ -35,7 +35,8 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from bert_jax.data import corpus, packing, prep_parts, pretraining_data
 from bert_jax.data.prep_store import HEADER, owner, shard_path, write_json
 from bert_jax.data.prep_check import writable
-from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.data import bpe
+from bert_jax.data.bpe import AnyTokenizer
 from bert_jax.errors import CorpusError, check_stop
 from bert_jax.storage import fs
 
@@ -99,7 +100,7 @@ def prepare_part(job: PartJob, report: Report, keep_tokenizer: bool = False) -> 
 
 def _prepare_part(job: PartJob, report: Report, keep_tokenizer: bool, staging: str) -> None:
   try:
-    tokenizer = _tokenizer(job.tokenizer_dir) if keep_tokenizer else Tokenizer.load(
+    tokenizer = _tokenizer(job.tokenizer_dir) if keep_tokenizer else bpe.load(
         job.tokenizer_dir)
     out_dirs = {l: os.path.join(staging, f"seq{l}") for l in job.seq_lens}
     # Created here, not at the first record: a part may yield no examples (one
@@ -116,16 +117,16 @@ def _prepare_part(job: PartJob, report: Report, keep_tokenizer: bool, staging: s
     shutil.rmtree(staging, ignore_errors=True)
 
 
-_LOADED: dict[str, Tokenizer] = {}
+_LOADED: dict[str, AnyTokenizer] = {}
 
 
-def _tokenizer(where: str) -> Tokenizer:
+def _tokenizer(where: str) -> AnyTokenizer:
   """The tokenizer of `where`, kept for the worker's next part: its word cache stays
   warm (ids do not depend on it, speed does). Released when the preparation ends,
   so the folder cannot hold another vocabulary meanwhile."""
   if where not in _LOADED:
     _LOADED.clear()
-    _LOADED[where] = Tokenizer.load(where)
+    _LOADED[where] = bpe.load(where)
   return _LOADED[where]
 
 
@@ -197,7 +198,7 @@ def _assign(block: list[list[str]], index: int, n_eval: int, seed: int,
   return n_eval
 
 
-def _tokenized(docs: Iterator[tuple[bool, list[str]]], tokenizer: Tokenizer, pairs: bool,
+def _tokenized(docs: Iterator[tuple[bool, list[str]]], tokenizer: AnyTokenizer, pairs: bool,
                counts: dict) -> Iterator[tuple[bool, np.ndarray, list[int]]]:
   """(is_eval, ids int32 [T], sentence lengths) per document with tokens, in chunks."""
   chunk: list[tuple[bool, list[str]]] = []
@@ -214,7 +215,7 @@ def _tokenized(docs: Iterator[tuple[bool, list[str]]], tokenizer: Tokenizer, pai
   yield from _tokenize_chunk(chunk, tokenizer, pairs, counts)
 
 
-def _tokenize_chunk(chunk: list[tuple[bool, list[str]]], tokenizer: Tokenizer, pairs: bool,
+def _tokenize_chunk(chunk: list[tuple[bool, list[str]]], tokenizer: AnyTokenizer, pairs: bool,
                     counts: dict) -> Iterator[tuple[bool, np.ndarray, list[int]]]:
   if not chunk:
     return
@@ -277,7 +278,7 @@ def _window(docs: list[tuple[np.ndarray, list[int]]]) -> pretraining_data.Window
 class _PartWriter:
   """One streaming pass over a part: every seq_len's train and eval records."""
 
-  def __init__(self, job: PartJob, tokenizer: Tokenizer, out_dirs: dict[int, str],
+  def __init__(self, job: PartJob, tokenizer: AnyTokenizer, out_dirs: dict[int, str],
                report: Report):
     self.job, self.c, self.tokenizer, self.report = job, job.data, tokenizer, report
     self.pair_nsp = job.fmt == "tab" and self.c.objective == "mlm+nsp"
@@ -382,7 +383,7 @@ class _PartWriter:
                               for s in ("train", "eval")} for l in self.seq_lens}}
 
 
-def _rows(tokens_T: np.ndarray, spans_Kx5: np.ndarray, seq_len: int, tokenizer: Tokenizer,
+def _rows(tokens_T: np.ndarray, spans_Kx5: np.ndarray, seq_len: int, tokenizer: AnyTokenizer,
           dtype: np.dtype) -> np.ndarray:
   """Records [K, 3 + L]: n_a, n, label, input_ids (a one-segment span has n = n_a)."""
   rows = np.empty((len(spans_Kx5), HEADER + seq_len), dtype)

@@ -65,7 +65,8 @@ from bert_jax.eval.finetune_data import Split, encode_split, pad_batch, plan_bat
 from bert_jax.eval.finetune_report import RESULTS_FILE, RunResult, run_name, summarize
 from bert_jax.model.config import BertConfig
 from bert_jax.settings import OptimizerSettings
-from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.data import bpe
+from bert_jax.data.bpe import AnyTokenizer
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_MAX_LENGTH = 128
@@ -138,7 +139,7 @@ class Recipe:
 class FineTuner:
   """One task and one checkpoint: its data encoded once, its steps compiled once per bucket."""
 
-  def __init__(self, params: Any, config: BertConfig, tokenizer: Tokenizer,
+  def __init__(self, params: Any, config: BertConfig, tokenizer: AnyTokenizer,
                task: tasks_lib.Task, recipe: Recipe, *, meta: Optional[dict] = None,
                devices: Optional[Sequence[Any]] = None):
     """`params` is the BertModel tree (a pre-training tree's params["bert"])."""
@@ -421,8 +422,8 @@ class FineTuner:
     kind = self.task.kind
     labels = list(self.task.labels) if kind == "classification" else []
     run = self.best_run
-    return {"model_config": self.config.to_dict(), "vocab": self.tokenizer.vocab,
-            "lowercase": self.tokenizer.lowercase, "step": run.steps,
+    return {"model_config": self.config.to_dict(), **bpe.to_meta(self.tokenizer),
+            "step": run.steps,
             "source": f"finetune:{self.meta.get('checkpoint', '')}",
             "classifier": {"task": self.task.name, "kind": kind, "labels": labels,
                            "num_labels": self.task.num_classes,

@@ -12,7 +12,8 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax
 
-from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.data import bpe
+from bert_jax.data.bpe import AnyTokenizer
 from bert_jax.parallel import sharding
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.io import checkpointing
@@ -42,7 +43,7 @@ def _check_params(params: Any, config: BertConfig, where: str) -> None:
 def load_checkpoint(path: str, step: Optional[int] = None,
                     expect_config: Optional[Mapping[str, Any]] = None,
                     devices: Optional[Sequence[Any]] = None
-                    ) -> tuple[Any, BertConfig, Tokenizer, dict]:
+                    ) -> tuple[Any, BertConfig, AnyTokenizer, dict]:
   """(encoder params, config, tokenizer, meta) of a workdir, checkpoints/ or step dir.
 
   Only the params are restored (never the optimizer state), replicated over
@@ -74,5 +75,5 @@ def load_checkpoint(path: str, step: Optional[int] = None,
   if isinstance(params, Mapping) and "bert" in params:
     params = params["bert"]  # a BertForPreTraining tree: heads are not needed
   _check_params(params, config, path)
-  tokenizer = Tokenizer(meta["vocab"], meta["lowercase"], source=f"checkpoint {path} vocab")
+  tokenizer = bpe.from_meta(meta, source=f"checkpoint {path} vocab")
   return params, config, tokenizer, meta

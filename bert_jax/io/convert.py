@@ -40,10 +40,12 @@ from bert_jax.errors import ConfigError
 from bert_jax.io.hf_weights import (ConvertError, ImportReport, bert_config_from_hf,
                                  hf_config_from_bert, hf_state_to_params, params_to_hf_state,
                                  tf_to_hf)
-from bert_jax.io.sources import (check_dir, load_hf_weights, load_tf_checkpoint, read_json, read_vocab,
-                                 resolve_lowercase, tf_checkpoint_prefix)
+from bert_jax.io.sources import (check_dir, load_hf_weights, load_tf_checkpoint, read_json,
+                                 read_tokenizer_json, read_vocab, resolve_lowercase,
+                                 tf_checkpoint_prefix)
 from bert_jax.model.config import BertConfig
-from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.data import bpe
+from bert_jax.data.bpe import AnyTokenizer
 
 
 @contextlib.contextmanager
@@ -134,10 +136,10 @@ def _save_imported(out_dir: str, overwrite: bool, params: dict, meta: dict) -> s
 # The three operations
 
 
-def _meta(config: BertConfig, tokenizer: Tokenizer, lowercase_from: str, source: str,
+def _meta(config: BertConfig, tokenizer: AnyTokenizer, lowercase_from: str, source: str,
           report: ImportReport) -> dict:
-  return {"model_config": config.to_dict(), "vocab": tokenizer.vocab,
-          "lowercase": tokenizer.lowercase, "lowercase_from": lowercase_from, "step": 0,
+  return {"model_config": config.to_dict(), **bpe.to_meta(tokenizer),
+          "lowercase_from": lowercase_from, "step": 0,
           "source": source, "heads": dict(report.groups), "ignored": report.ignored}
 
 
@@ -156,9 +158,9 @@ def read_modernbert_hf(hf_dir: str, seed: int = 0) -> tuple[BertConfig, dict]:
 
 def write_modernbert_hf(out_dir: str, params: dict, config: BertConfig,
                         special: dict, overwrite: bool = False,
-                        tokenizer: Optional[Tokenizer] = None) -> None:
+                        tokenizer: Optional[AnyTokenizer] = None) -> None:
   """A ModernBertForMaskedLM directory transformers loads natively (no remote code):
-  config.json, model.safetensors and, with `tokenizer`, its WordPiece vocabulary."""
+  config.json, model.safetensors and, with `tokenizer`, its tokenizer files."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   state = hf_modernbert.params_to_hf_state(jax_to_numpy(params), config)
   state.pop("decoder.weight")  # tied: transformers fills it from the token table
@@ -166,16 +168,15 @@ def write_modernbert_hf(out_dir: str, params: dict, config: BertConfig,
   with atomic_output_dir(out_dir, overwrite) as tmp:
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     os.chmod(os.path.join(tmp, "model.safetensors"), 0o644)
-    files = {"config.json": hf_modernbert.hf_config(config, special)}
+    _write_json(tmp, "config.json", hf_modernbert.hf_config(config, special))
     if tokenizer is not None:
-      files.update(_tokenizer_files(tokenizer, config))
-    for name, obj in files.items():
-      with fs.open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    if tokenizer is not None:
-      with fs.open(os.path.join(tmp, "vocab.txt"), "w", encoding="utf-8") as f:
-        f.write("".join(tok + "\n" for tok in tokenizer.vocab))
+      _write_tokenizer(tmp, tokenizer, config)
+
+
+def _write_json(directory: str, name: str, obj: dict) -> None:
+  with fs.open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=2)
+    f.write("\n")
 
 
 def jax_to_numpy(tree):
@@ -187,12 +188,21 @@ _SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
              "cls_token": "[CLS]", "mask_token": "[MASK]"}
 
 
-def _tokenizer_files(tokenizer: Tokenizer, config: BertConfig) -> dict:
-  return {"tokenizer_config.json": {
-      "tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lowercase,
-      "strip_accents": None, "tokenize_chinese_chars": True,
-      "model_max_length": config.max_position_embeddings, **_SPECIALS},
-      "special_tokens_map.json": dict(_SPECIALS)}
+def _write_tokenizer(directory: str, tokenizer: AnyTokenizer, config: BertConfig) -> None:
+  """The files transformers' AutoTokenizer loads: a WordPiece vocabulary as vocab.txt for
+  BertTokenizer, a BPE as its tokenizer.json for PreTrainedTokenizerFast."""
+  common = {"model_max_length": config.max_position_embeddings, **_SPECIALS}
+  if isinstance(tokenizer, bpe.BpeTokenizer):
+    fs.write_text(os.path.join(directory, bpe.TOKENIZER_JSON), tokenizer.json)
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast",
+                  "clean_up_tokenization_spaces": False, **common}
+  else:
+    with fs.open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
+      f.write("".join(tok + "\n" for tok in tokenizer.vocab))
+    tok_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lowercase,
+                  "strip_accents": None, "tokenize_chinese_chars": True, **common}
+  _write_json(directory, "tokenizer_config.json", tok_config)
+  _write_json(directory, "special_tokens_map.json", dict(_SPECIALS))
 
 
 def import_hf(hf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = False,
@@ -216,12 +226,12 @@ def import_hf(hf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = F
 def _import_modernbert(hf_dir: str, out_dir: str, hf_config: dict, overwrite: bool, seed: int,
                        lowercase: Optional[bool]) -> dict:
   config_path = os.path.join(hf_dir, "config.json")
-  if not os.path.isfile(os.path.join(hf_dir, "vocab.txt")):
-    raise ConvertError(f"{hf_dir}: no vocab.txt; bert-jax reads WordPiece vocabularies, and "
-                       "a BPE tokenizer.json (the published ModernBERT's) is not supported yet")
   config, params = read_modernbert_hf(hf_dir, seed)
-  lower, lower_from = resolve_lowercase(hf_dir, hf_config, lowercase)
-  tokenizer = read_vocab(hf_dir, config, lower, config_path)
+  if not os.path.isfile(os.path.join(hf_dir, "vocab.txt")):  # a BPE: its normalizer decides
+    tokenizer, lower_from = read_tokenizer_json(hf_dir, config), "its tokenizer.json"
+  else:
+    lower, lower_from = resolve_lowercase(hf_dir, hf_config, lowercase)
+    tokenizer = read_vocab(hf_dir, config, lower, config_path)
   report = ImportReport(groups={"encoder": "imported", "mlm": "imported"}, ignored=[])
   meta = _meta(config, tokenizer, lower_from, f"huggingface:{hf_dir}", report)
   meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta)
@@ -265,7 +275,7 @@ def export_hf(ckpt: str, out_dir: str, step: Optional[int] = None,
     config = BertConfig.from_dict(meta["model_config"]).validate()
   except TypeError as e:
     raise ConvertError(f"{where}: meta model_config is incomplete ({e})") from None
-  tokenizer = Tokenizer(meta["vocab"], bool(meta["lowercase"]), source=f"{where} meta vocab")
+  tokenizer = bpe.from_meta(meta, source=f"{where} meta vocab")
   if tokenizer.vocab_size != config.vocab_size:
     raise ConvertError(f"{where}: meta vocab has {tokenizer.vocab_size} tokens but model_config "
                        f"vocab_size={config.vocab_size}")
@@ -274,20 +284,10 @@ def export_hf(ckpt: str, out_dir: str, step: Optional[int] = None,
     write_modernbert_hf(out_dir, params, config, ids, overwrite, tokenizer)
     return meta
   state = params_to_hf_state(params, config)
-  specials = dict(_SPECIALS)
-  tok_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lowercase,
-                "strip_accents": None, "tokenize_chinese_chars": True,
-                "model_max_length": config.max_position_embeddings, **specials}
   with atomic_output_dir(out_dir, overwrite) as tmp:
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    for name, obj in (("config.json", hf_config_from_bert(config, meta.get("classifier"))),
-                      ("tokenizer_config.json", tok_config),
-                      ("special_tokens_map.json", specials)):
-      with fs.open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    with fs.open(os.path.join(tmp, "vocab.txt"), "w", encoding="utf-8") as f:
-      f.write("".join(tok + "\n" for tok in tokenizer.vocab))
+    _write_json(tmp, "config.json", hf_config_from_bert(config, meta.get("classifier")))
+    _write_tokenizer(tmp, tokenizer, config)
     os.chmod(os.path.join(tmp, "model.safetensors"), 0o644)  # safetensors writes 0600
   return meta
 

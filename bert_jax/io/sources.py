@@ -21,6 +21,7 @@ from safetensors.numpy import load_file
 from bert_jax.errors import ConfigError
 from bert_jax.io.hf_weights import TF_IGNORED, ConvertError
 from bert_jax.model.config import BertConfig
+from bert_jax.data import bpe
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.storage import fs
 
@@ -119,6 +120,19 @@ def read_vocab(directory: str, config: BertConfig, lowercase: bool,
   tokenizer = Tokenizer.from_vocab_file(path, lowercase)
   if tokenizer.vocab_size != config.vocab_size:
     raise ConfigError(f"{path} has {tokenizer.vocab_size} tokens but {config_file} says "
+                      f"vocab_size={config.vocab_size}; expected one token per id")
+  return tokenizer
+
+
+def read_tokenizer_json(directory: str, config: BertConfig):
+  """A HuggingFace directory's BPE tokenizer.json (a ModernBERT's), one token per id."""
+  path = os.path.join(directory, bpe.TOKENIZER_JSON)
+  if not os.path.isfile(path):
+    raise ConfigError(f"{directory}: no vocab.txt and no tokenizer.json; expected the model's "
+                      "WordPiece vocabulary or its HuggingFace BPE tokenizer")
+  tokenizer = bpe.BpeTokenizer.from_file(path)
+  if tokenizer.vocab_size != config.vocab_size:
+    raise ConfigError(f"{path} has {tokenizer.vocab_size} tokens but the model config says "
                       f"vocab_size={config.vocab_size}; expected one token per id")
   return tokenizer
 

@@ -31,7 +31,8 @@ from bert_jax.data.prep_store import MANIFEST_FILE as MANIFEST
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.storage import fs
 from bert_jax.settings import DataSettings
-from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.data import bpe
+from bert_jax.data.bpe import AnyTokenizer
 
 
 def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
@@ -159,7 +160,7 @@ def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_di
   shared = all(m["sees"] for m in _gather_json({"sees": os.path.exists(probe)}))
   if me == 0:
     os.remove(probe)
-  tokenizer = Tokenizer(msg["vocab"], msg["lowercase"])
+  tokenizer = bpe.from_meta(msg, "process 0's tokenizer")
   if shared:
     share = dataset.Share(me, count)
     where = _agree(lambda: dataset.prepare_parts(data, seq_lens, cache_dir, seed, share,
@@ -196,7 +197,7 @@ def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_di
 
 
 def _prepare_host_local(data: DataSettings, seq_lens: list[int], cache_dir: str, seed: int,
-                        msg: dict, tokenizer: Tokenizer) -> dataset.Prepared:
+                        msg: dict, tokenizer: AnyTokenizer) -> dataset.Prepared:
   """Host-local caches: process i prepares and reads its streams' parts, or, without
   streams (data.streams not a multiple of P), the parts i, i+P, ... only."""
   me, count = jax.process_index(), jax.process_count()
@@ -228,7 +229,7 @@ def _vocabulary_message(data: DataSettings, seq_lens: list[int], cache_dir: str,
   with fs.open(os.path.join(os.path.abspath(cache_dir), f".probe-{probe}"), "w",
             encoding="utf-8"):
     pass
-  return {"vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "where": where,
+  return {**bpe.to_meta(tokenizer), "where": where,
           "parts": dataset.parts_count(data), "probe": probe}
 
 

@@ -48,7 +48,8 @@ from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, MLM, NSP, bert_config_
                                    hf_state_to_params, params_to_hf_state)
 from bert_jax.model.config import BertConfig
 from bert_jax.settings import SOURCE_MODEL_FIELDS, DataSettings, Settings
-from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.data import bpe
+from bert_jax.data.bpe import AnyTokenizer
 
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -59,7 +60,7 @@ class Source:
   path: str
   kind: str  # 'huggingface' | 'tensorflow' | 'bert-jax'
   config: BertConfig
-  tokenizer: Tokenizer
+  tokenizer: AnyTokenizer
   lowercase_from: str
   heads: Optional[dict] = None  # bert-jax sources: what their meta says about the heads
   step: Optional[int] = None
@@ -130,6 +131,10 @@ def _read_hf_like(path: str, kind: str) -> Source:
   config = (hf_modernbert.config_from_hf(hf_config, config_path)
             if hf_modernbert.is_modernbert(hf_config) else bert_config_from_hf(hf_config,
                                                                                config_path))
+  if config.family == "modernbert" and not os.path.isfile(os.path.join(path, "vocab.txt")):
+    # A BPE tokenizer.json (the published ModernBERT's): its normalizer decides casing.
+    return Source(path, kind, config, sources.read_tokenizer_json(path, config),
+                  "its tokenizer.json")
   lower, lower_from = sources.resolve_lowercase(path, hf_config, None)
   tokenizer = sources.read_vocab(path, config, lower, config_path)
   return Source(path, kind, config, tokenizer, lower_from)
@@ -142,7 +147,7 @@ def _read_bert_jax(path: str) -> Source:
       raise ConfigError(f"checkpoint meta has no {field!r}; expected a checkpoint written by "
                         "train.py or bert_jax.io.convert")
   config = dataclasses.replace(BertConfig.from_dict(meta["model_config"]), dtype="float32")
-  tokenizer = Tokenizer(meta["vocab"], bool(meta["lowercase"]), source="checkpoint meta vocab")
+  tokenizer = bpe.from_meta(meta, source="checkpoint meta vocab")
   return Source(path, "bert-jax", config.validate(), tokenizer,
                 meta.get("lowercase_from", "the checkpoint's meta"), meta.get("heads"),
                 meta.get("step"), params)
@@ -164,9 +169,10 @@ def resolve(s: Settings) -> Source:
       _modernbert_params(source, source.config, seed=0)
     else:
       source_check.check_weights(path, kind, source.config)
-    if source.config.family == "modernbert" and s.init.extend_vocab:
-      raise ConfigError("--config.data.extend_vocab with a ModernBERT source: not supported "
-                        "yet (BERT sources only); expected 0")
+    if s.init.extend_vocab and (source.config.family == "modernbert"
+                                or isinstance(source.tokenizer, bpe.BpeTokenizer)):
+      raise ConfigError("--config.data.extend_vocab with a ModernBERT or BPE source: not "
+                        "supported yet (WordPiece BERT sources only); expected 0")
   except BertJaxError as e:
     raise ConfigError(f"{_flag(path)}: {e}") from None
   theirs = {f"model.{k}": getattr(source.config, k) for k in SOURCE_MODEL_FIELDS}

@@ -18,7 +18,7 @@ from bert_jax import console
 from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.io import checkpointing
 from bert_jax.storage import fs
-from bert_jax.data.tokenizer import Tokenizer
+from bert_jax.data import bpe
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError
 from bert_jax.model.config import BertConfig
 from bert_jax.settings import Phase, Settings
@@ -129,8 +129,7 @@ def check_same_data(s: Settings, workdir: str) -> None:
         f"asks for {now}); nothing was written: use another --workdir, or the original data "
         "settings to resume it")
   if both_files and isinstance(meta.get("vocab"), list):  # the files' tokens, wherever they are
-    theirs, ours = meta["vocab"], Tokenizer.from_vocab_file(data["vocab_file"],
-                                                           data["lowercase"]).vocab
+    theirs, ours = meta["vocab"], bpe.from_file(data["vocab_file"], data["lowercase"]).vocab
     if theirs != ours:
       at = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b),
                 min(len(theirs), len(ours)))

@@ -32,7 +32,7 @@ from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.model.config import BertConfig
 from bert_jax.data.pretraining_data import OBJECTIVES, Batch
-from bert_jax.data.tokenizer import CLS, SPECIAL_TOKENS
+from bert_jax.data.tokenizer import CLS, PAD, SPECIAL_TOKENS
 from bert_jax.settings import MaskingSettings, OptimizerSettings, Settings
 
 # Metric prefix of the 2-way head's task per objective; None: MLM alone.
@@ -96,7 +96,14 @@ class TrainSteps:
     opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
     return params, opt_state
 
-  def _mask(self, key, ids_BxL, max_predictions):
+  def _mask(self, key, batch: Batch, max_predictions):
+    # Prepared rows are padded with 0; a vocabulary whose [PAD] is another id (a published
+    # ModernBERT's tokenizer.json) gets its own: padding is never a masking candidate and
+    # the model sees what its reference would. With [PAD] = 0 nothing changes.
+    pad_id = self.special_ids[SPECIAL_TOKENS.index(PAD)]
+    ids_BxL = batch.input_ids_BxL
+    if pad_id != 0:
+      ids_BxL = jnp.where(batch.input_mask_BxL > 0, ids_BxL, pad_id)
     return masking.mask_tokens(
         key, ids_BxL, vocab_size=self.bert_config.vocab_size, mask_id=self.mask_id,
         special_ids=self.special_ids, max_predictions=max_predictions,
@@ -152,7 +159,7 @@ class TrainSteps:
       mask_key, dropout_key = jax.random.split(key)
       # Mask the whole batch first: the loss is normalised by the global
       # number of predictions, so accumulated gradients equal one big batch.
-      masked = self._mask(mask_key, batch.input_ids_BxL, max_predictions)
+      masked = self._mask(mask_key, batch, max_predictions)
       mlm_n = jnp.maximum(masked.weights_BxP.sum(), 1.0)
       nsp_n = float(batch.input_ids_BxL.shape[0])
       (loss, (mlm, nsp)), grads = self._grads(params, batch, masked, dropout_key, mlm_n, nsp_n)
@@ -205,7 +212,7 @@ class TrainSteps:
     vocab = self.bert_config.padded_vocab_size
 
     def step_fn(params, index, batch: Batch):
-      masked = self._mask(jax.random.fold_in(self.eval_key, index), batch.input_ids_BxL,
+      masked = self._mask(jax.random.fold_in(self.eval_key, index), batch,
                           max_predictions)
       mlm, nsp = self._sums(params, batch, masked, None, deterministic=True)
       # Label histogram: the best constant guess is the chance level to beat.
