@@ -31,6 +31,7 @@ from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState, check_same_data, checkpoint_dir
 from bert_jax.settings import Settings
 from bert_jax.train.steps import TrainSteps, make_steps  # noqa: F401  (tests and tools import it here too)
+from bert_jax.train.hooks import GoodputHook, Hooks, LeaseCheck, Stragglers
 from bert_jax.train.profiling import StepProfiler
 from bert_jax.train.watchdog import Watchdog
 
@@ -116,8 +117,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
     ledger.restored(state.step)
     loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state, probes.RunProbes(
         s.probe, list(probe_tasks), steps.bert_config, tok, s.run.seed),
-        Watchdog(s.run.watchdog_s, workdir, s.run.watchdog_exit),
-        StepProfiler(s.profile.steps, s.profile.on_demand_steps, workdir), ledger)
+        _hooks(s, workdir, ledger))
     ev = _train(s, loop, ckpts, reporter, fresh_source, source.fresh_heads if source else ())
     with ledger.timed("checkpoint"):
       ckpts.finish_save()
@@ -142,6 +142,17 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
   console.log(f"checkpoints: {checkpoint_dir(workdir)}; TensorBoard: "
               f"{fs.join(workdir, 'tensorboard')}; plot: {plot}")
   return ev
+
+
+def _hooks(s: Settings, workdir: str, ledger: goodput.Ledger) -> Hooks:
+  """What watches the loop (train/hooks); a concern that is off is not registered."""
+  hooks = [StepProfiler(s.profile.steps, s.profile.on_demand_steps, workdir),
+           GoodputHook(ledger), LeaseCheck()]
+  if s.run.watchdog_s > 0:
+    hooks.append(Watchdog(s.run.watchdog_s, workdir, s.run.watchdog_exit))
+  if jax.process_count() > 1 and s.run.straggler_factor:
+    hooks.append(Stragglers(s.run.straggler_factor, s.run.log_every))
+  return Hooks(hooks)
 
 
 def _close(reporter: Reporter, failed: bool) -> None:

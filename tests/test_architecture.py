@@ -392,3 +392,12 @@ def test_every_environment_variable_the_package_reads_is_in_the_docs_table():
   rows = set(re.findall(r"^\| `(BERT_JAX_[A-Z_]+)`", table, re.M))
   assert used - rows == set(), f"undocumented: {sorted(used - rows)}"
   assert rows - used == set(), f"documented but never read: {sorted(rows - used)}"
+
+
+def test_the_step_loop_reads_as_the_step_loop():
+  """Issue 42: every concern around a step is a hook (train/hooks), so the loop of a
+  phase stays short: under 40 lines."""
+  tree = _trees()["bert_jax.train.loop"]
+  fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+            and n.name == "_train_phase")
+  assert fn.end_lineno - fn.lineno + 1 < 40

@@ -14,7 +14,6 @@ Shape legend: B global batch.
 _MAX_IN_FLIGHT = 2
 
 import collections
-import contextlib
 import signal
 import time
 from typing import Any, Optional
@@ -27,19 +26,18 @@ from tqdm import tqdm
 
 from bert_jax import console
 from bert_jax.data import batch_ramp, input_pipeline
-from bert_jax.parallel import sharding, workdir_lock
+from bert_jax.parallel import sharding
 from bert_jax.data.dataset import Prepared
 from bert_jax.errors import NonFiniteError, Preempted
 from bert_jax.train.preemption import StopSignals
-from bert_jax.train import goodput, spikes, stragglers
+from bert_jax.train import spikes
+from bert_jax.train.hooks import Hooks, LogPoint
 from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.settings import Phase, Settings
 from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.train.steps import TrainSteps, summarize
 from bert_jax.train.throughput import Interval, Throughput
-from bert_jax.train.profiling import StepProfiler
-from bert_jax.train.watchdog import Watchdog
 
 
 class TrainLoop:
@@ -47,21 +45,18 @@ class TrainLoop:
 
   def __init__(self, settings: Settings, steps: TrainSteps, ckpts: RunCheckpoints,
                prepared: Prepared, reporter: Reporter, signals: StopSignals, state: RunState,
-               probes: Optional[Any] = None, watchdog: Optional[Watchdog] = None,
-               profiler: Optional[StepProfiler] = None,
-               ledger: Optional[goodput.Ledger] = None):
+               probes: Optional[Any] = None, hooks: Optional[Hooks] = None):
     self.s, self.steps, self.ckpts, self.prepared = settings, steps, ckpts, prepared
     self.reporter, self.signals, self.state = reporter, signals, state
     # config.probe.tasks, probed after every evaluation: eval/training_probes.RunProbes
     # (given by the trainer: the loop knows no evaluation beyond its own).
     self.probes = probes
-    self.watchdog = watchdog or Watchdog(0, "")  # config.watchdog_s (train/watchdog)
-    self.profiler = profiler or StepProfiler((), 1, "")  # config.profile (train/profiling)
-    self.ledger = ledger or goodput.Ledger("", False, time.time())  # where the time goes
+    # The watchdog, profiler, goodput ledger, stragglers and lease check (train/hooks),
+    # registered by the trainer.
+    self.hooks = hooks or Hooks()
     self._waits = 0.0  # data waits and saves inside the timed interval: not productive
     self._data_wait = 0.0  # the data waits alone (config.straggler_factor)
     self._planned: Optional[int] = None  # XLA's bytes per device for the current step
-    self._stragglers_named: dict[int, int] = {}  # process -> step it was last named at
     self.throughput = Throughput(settings, steps.bert_config, jax.devices()[0].device_kind,
                                  jax.device_count())
     self.compile_s: dict[int, float] = {}  # phase index -> time of its first step
@@ -117,15 +112,16 @@ class TrainLoop:
     ev = self.steps.evaluate(self.state.params, self.eval_batches(phase),
                              phase.max_predictions, self.s.run.eval_batches)
     self.eval_s += time.perf_counter() - t0
-    self.ledger.add("eval", time.perf_counter() - t0)
+    self.hooks.on_time("eval", time.perf_counter() - t0)
     return ev
 
   def probe(self, step: int) -> None:
     """Probes the current parameters (config.probe.tasks) and logs them as step `step`."""
     if not self.probes:
       return
-    with self.ledger.timed("eval"):
-      m = self.probes.run(self.state.params)
+    t0 = time.perf_counter()
+    m = self.probes.run(self.state.params)
+    self.hooks.on_time("eval", time.perf_counter() - t0)
     self.reporter.write("probe", step, m)
     console.log(f"probe @ {step}: {self.probes.describe(m)}")
 
@@ -146,13 +142,13 @@ class TrainLoop:
 
   def train(self) -> None:
     run, st = self.s.run, self.state
-    self.ledger.loop_starts()
+    self.hooks.start()
     if st.step < self.s.train.num_steps:
       console.log(self.throughput.note())
     bar = tqdm(total=self.s.train.num_steps, initial=st.step, unit="step", dynamic_ncols=True,
                smoothing=0.05, disable=not run.progress_bar or jax.process_index() != 0)
     try:
-      with console.through(bar), self.watchdog:
+      with console.through(bar):
         self._redo_lost_eval()
         for phase in self.s.train.phases:
           if st.step < phase.end:  # phases the restored step is past keep the position
@@ -160,7 +156,7 @@ class TrainLoop:
             st.position = 0  # the next phase starts at its first batch
     finally:
       bar.close()
-      self.profiler.close()
+      self.hooks.close()
     if (line := self.summary()) is not None:
       console.log(line)
 
@@ -169,60 +165,57 @@ class TrainLoop:
     step_fn = self.steps.train_step_fn(phase.max_predictions)
     console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
                 f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
-    self._pending, self._observed, in_flight = [], 0, collections.deque()
-    interval, first = Interval(st.step), True
+    self._pending, self._observed = [], 0
+    run = _PhaseRun(Interval(st.step), collections.deque(), bar)
     with it:
       while st.step < phase.end:
-        batch = self._next_batch(it, interval)
-        first = first or self._new_batch_size(st.step, phase)
-        self.profiler.before_step(st.step)
-        args = (st.params, st.opt_state, jnp.int32(st.step), batch)
-        with self.watchdog.paused() if first else contextlib.nullcontext(), \
-            self.profiler.annotate(st.step):  # the first step compiles
-          if first:  # the plan of the memory this step needs, beside what it uses
-            self._planned = self.steps.memory_plan(phase.max_predictions, *args)
-          st.params, st.opt_state, metrics = step_fn(*args)
-        st.step += 1
-        self.watchdog.beat(st.step)
-        self.profiler.after_step(st.step, metrics)
-        self._pending.append(metrics)
-        workdir_lock.check_held()  # a bucket lease another run took over: write nothing more
-        if first:  # compiles: timed on its own, left out of the rates
-          jax.block_until_ready(metrics)
-          compile_s = time.perf_counter() - interval.start - self._waits
-          self.compile_s[phase.index] = self.compile_s.get(phase.index, 0.0) + compile_s
-          self.ledger.add("compile", compile_s)
-          interval.restart(st.step)
-          self._waits = 0.0
-          first = False
-          _restart_rate(bar, st.step)  # the bar's rate and estimate leave the compile out
-        else:
-          in_flight.append(metrics)
-          if len(in_flight) > _MAX_IN_FLIGHT:
-            jax.block_until_ready(in_flight.popleft())
-          bar.update(1)
+        batch = self._next_batch(it, run.interval)
+        run.first = run.first or self._new_batch_size(st.step, phase)
+        metrics = self._step(step_fn, batch, phase, run)
         logs = st.step % self.s.run.log_every == 0 or st.step == phase.end
         saves = st.step % self.s.run.checkpoint_every == 0 or st.step == self.s.train.num_steps
         if logs or (saves and self.spikes.on):  # a save waits for no step unless judged
-          jax.block_until_ready(metrics)  # the clock is read when the steps are done
-          in_flight.clear()
-          if self._rolled_back(phase, interval, bar):  # before a row or checkpoint of it
+          run.drain(metrics)  # the clock is read when the steps are done
+          if self._rolled_back(phase, run.interval, bar):  # before a row or checkpoint of it
             continue  # the data goes on where it is: the spike's batches are skipped
         if logs:
-          self._log_train(phase, bar, self._pending, interval)
+          self._log_train(phase, bar, self._pending, run.interval)
           self._pending, self._observed = [], 0
-          self.profiler.check_request(st.step)  # <workdir>/PROFILE
         if saves:
           self._save(phase, it.position)
         self.stop_if_requested(phase=phase, position=it.position)
         if st.step % self.s.run.eval_every == 0 and st.step < self.s.train.num_steps:
-          jax.block_until_ready(metrics)  # training time so far; the eval is timed apart
-          in_flight.clear()
-          interval.pause()
-          with self.watchdog.paused():
+          run.drain(metrics)  # training time so far; the evaluation is timed apart
+          run.interval.pause()
+          with self.hooks.paused():
             self._eval_point(phase)
-          interval.resume()
+          run.interval.resume()
           bar.unpause()  # nor does an evaluation or a probe count as time per step
+
+  def _step(self, step_fn, batch, phase: Phase, run: "_PhaseRun"):
+    """One step dispatched: its metrics. A step that compiles (a phase's first, a new
+    batch size) is waited for and timed apart, left out of the rates."""
+    st = self.state
+    self.hooks.before_step(st.step)
+    args = (st.params, st.opt_state, jnp.int32(st.step), batch)
+    with self.hooks.step_scope(st.step, run.first):
+      if run.first:  # the plan of the memory this step needs, beside what it uses
+        self._planned = self.steps.memory_plan(phase.max_predictions, *args)
+      st.params, st.opt_state, metrics = step_fn(*args)
+    st.step += 1
+    self.hooks.after_step(st.step, metrics)
+    self._pending.append(metrics)
+    if not run.first:
+      run.dispatched(metrics)
+      return metrics
+    jax.block_until_ready(metrics)
+    compile_s = time.perf_counter() - run.interval.start - self._waits
+    self.compile_s[phase.index] = self.compile_s.get(phase.index, 0.0) + compile_s
+    self.hooks.on_time("compile", compile_s)
+    run.interval.restart(st.step)
+    self._waits, run.first = 0.0, False
+    _restart_rate(run.bar, st.step)  # the bar's rate and estimate leave the compile out
+    return metrics
 
   def _next_batch(self, it: input_pipeline.TrainIterator, interval: Interval):
     """The next global batch; the wait for it, its real tokens and sequences counted."""
@@ -268,7 +261,7 @@ class TrainLoop:
     """A completed loss spike: the state rolled back to the checkpoint before it."""
     if (spike := self._spike()) is None:
       return False
-    with self.watchdog.paused():
+    with self.hooks.paused():
       spikes.roll_back(spike, self.spikes, self.s.train.spike.max_rollbacks, phase,
                        self.state, self.ckpts, self.reporter)
     self._pending, self._observed = [], 0
@@ -280,7 +273,7 @@ class TrainLoop:
   def _save(self, phase: Phase, position: int) -> None:
     self.state.spike = self.spikes.state()  # the detector as of this step, for a resume
     t0 = time.perf_counter()
-    with self.watchdog.paused():  # waits for the previous save
+    with self.hooks.paused():  # waits for the previous save
       # The rows up to this step are stored before its checkpoint can be: a resume from
       # it logs only later steps again (on a bucket, the logs upload in the background).
       self.reporter.sync()
@@ -288,7 +281,7 @@ class TrainLoop:
     self._wait("checkpoint", time.perf_counter() - t0)
 
   def _wait(self, category: str, seconds: float) -> None:
-    self.ledger.add(category, seconds)
+    self.hooks.on_time(category, seconds)
     self._waits += seconds
     if category == "data_wait":
       self._data_wait += seconds
@@ -301,10 +294,8 @@ class TrainLoop:
                                                         sequences, phase)
     if self._planned:  # next to memory_peak_gib where the platform reports it
       m["memory_planned_gib"] = self._planned / 1024**3
-    self.ledger.steps_done(step, n_steps, seconds - self._waits)
-    m |= self._stragglers(seconds, n_steps)
+    m |= self.hooks.on_log(LogPoint(step, seconds, n_steps, self._waits, self._data_wait))
     self._waits = self._data_wait = 0.0
-    self.ledger.flush()
     self._last_train_loss = m["loss"]
     self.reporter.write("train", step, m)
     post = {"loss": f"{m['loss']:.3f}", "mlm_acc": f"{m['mlm_accuracy']:.3f}"}
@@ -318,21 +309,6 @@ class TrainLoop:
       post["mem"] = f"{m['memory_peak_gib']:.1f}G"
     bar.set_postfix(post)
     self._check_nonfinite(m["nonfinite_streak"])
-
-  def _stragglers(self, seconds: float, n_steps: int) -> dict:
-    """Every process's step time and input wait (a collective: every process logs at the
-    same steps); process 0 names a straggler, once per 10 log points each."""
-    factor = self.s.run.straggler_factor
-    if jax.process_count() == 1 or not factor or n_steps <= 0:
-      return {}
-    times = stragglers.gather(seconds / n_steps, self._data_wait / n_steps)
-    found = stragglers.slowest(times, factor)
-    step = self.state.step
-    if found is not None and step - self._stragglers_named.get(found[0], -10**9) >= (
-        10 * self.s.run.log_every):
-      self._stragglers_named[found[0]] = step
-      console.warn(found[1] + f" (step {step})")
-    return stragglers.row(times)
 
   def _redo_lost_eval(self) -> None:
     """The evaluation of the restored step, when it is an evaluation step whose row is
@@ -349,7 +325,7 @@ class TrainLoop:
     if have:
       return
     phase = next(p for p in self.s.train.phases if p.start < st.step <= p.end)
-    with self.watchdog.paused():
+    with self.hooks.paused():
       self._eval_point(phase)
 
   def _eval_point(self, phase: Phase) -> None:
@@ -375,6 +351,25 @@ class TrainLoop:
     self.reporter.write("eval", self.state.step, ev)
     self.probe(self.state.step)
     return ev
+
+
+class _PhaseRun:
+  """A phase's timing: its interval, the steps still in flight, the bar, and whether the
+  next step compiles."""
+
+  def __init__(self, interval: Interval, in_flight: collections.deque, bar: tqdm):
+    self.interval, self.in_flight, self.bar, self.first = interval, in_flight, bar, True
+
+  def dispatched(self, metrics) -> None:
+    """At most _MAX_IN_FLIGHT steps queued: the bar follows the steps as they finish."""
+    self.in_flight.append(metrics)
+    if len(self.in_flight) > _MAX_IN_FLIGHT:
+      jax.block_until_ready(self.in_flight.popleft())
+    self.bar.update(1)
+
+  def drain(self, metrics) -> None:
+    jax.block_until_ready(metrics)
+    self.in_flight.clear()
 
 
 def _restart_rate(bar: tqdm, step: int) -> None:

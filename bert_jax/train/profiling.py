@@ -48,6 +48,13 @@ class StepProfiler:
       return jax.profiler.StepTraceAnnotation("train", step_num=step)
     return _NULL
 
+  def step_scope(self, step: int, compiling: bool):  # its hook call (train/hooks)
+    return self.annotate(step)
+
+  def on_log(self, point: Any) -> dict:  # its hook call: a log point checks for PROFILE
+    self.check_request(point.step)
+    return {}
+
   def before_step(self, step: int) -> None:
     """Starts the planned capture if `step` (about to run) is its first."""
     if not self.active and self.planned and step == self.planned[0]:

@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from typing import Optional
+from typing import Any, Optional
 
 from bert_jax.storage import fs
 
@@ -59,6 +59,20 @@ class Watchdog:
     self._stop.set()
     if self._thread is not None:
       self._thread.join(timeout=5)
+
+  # Its hook calls (train/hooks): a thread from the loop's start to its end, a beat per
+  # step, and no count while a step compiles.
+  def start(self) -> None:
+    self.__enter__()
+
+  def close(self) -> None:
+    self.__exit__()
+
+  def step_scope(self, step: int, compiling: bool):
+    return self.paused() if compiling else contextlib.nullcontext()
+
+  def after_step(self, step: int, metrics: Any) -> None:
+    self.beat(step)
 
   def beat(self, step: int) -> None:
     """Step `step` was dispatched (the one before it has nearly finished)."""
