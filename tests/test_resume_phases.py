@@ -40,11 +40,8 @@ def base(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def compile_cache(base):
-  """A persistent XLA cache for this module only, shared with its train.py runs
-  (compiling dominates a tiny run); restored afterwards for the other modules."""
-  with soak_kill.in_process_compile_cache(str(base / "xla_cache")) as cache_dir:
-    yield cache_dir
+def compile_cache(module_compile_cache):  # every test of the module compiles through it
+  return module_compile_cache
 
 
 def _extra(phases):

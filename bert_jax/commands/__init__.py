@@ -13,7 +13,9 @@
              the `python -m` names
 
 A new command is a module here with a `cli()`, a line in `launch`, a console script in
-pyproject.toml and, for `python -m bert_jax.<name>`, a two-line module of that name.
+pyproject.toml and, for `python -m bert_jax.<name>`, a two-line module of that name
+(`bert_jax/<name>.py`, or `bert_jax/<name>/__main__.py` where the name is also a folder,
+as `features`), each handing over to `launch.<name>()`.
 Commands sit above every folder: nothing in the library imports them. Every command
 parses its flags with `common.Parser`; one that runs from a config adds
 `config_args.add_config` and reads it with `config_args.parse_known`.

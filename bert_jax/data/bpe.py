@@ -24,7 +24,7 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from bert_jax.data.tokenizer import CONFIG_FILE, PAD, SPECIAL_TOKENS, Tokenizer
+from bert_jax.data.tokenizer import CONFIG_FILE, SPECIAL_TOKENS, Tokenizer, Vocabulary
 from bert_jax.errors import ConfigError
 from bert_jax.storage import fs
 
@@ -33,7 +33,7 @@ TOKENIZER_JSON = "tokenizer.json"
 KINDS = ("wordpiece", KIND)  # data.tokenizer
 
 
-class BpeTokenizer:
+class BpeTokenizer(Vocabulary):
   """A HuggingFace BPE tokenizer with BERT's five special tokens somewhere in it."""
 
   def __init__(self, hf_json: str, source: str = "tokenizer.json"):
@@ -127,15 +127,6 @@ class BpeTokenizer:
     return self._hf.decode([int(i) for i in ids if int(i) not in skip],
                            skip_special_tokens=False)
 
-  def id_to_token(self, i: int) -> str:
-    return self._vocab[int(i)]
-
-  def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
-    return [self._vocab[int(i)] for i in ids]
-
-  def token_to_id(self, token: str) -> int | None:
-    return self._ids.get(token)
-
   @property
   def backend(self) -> tokenizers.Tokenizer:
     return self._hf
@@ -143,41 +134,9 @@ class BpeTokenizer:
   # --- vocabulary facts ---
 
   @property
-  def vocab(self) -> list[str]:
-    return list(self._vocab)
-
-  @property
-  def vocab_size(self) -> int:
-    return len(self._vocab)
-
-  @property
   def lowercase(self) -> bool:
     """Whether the normalizer lowercases (the file decides, not data.lowercase)."""
     return "Lowercase" in json.dumps(json.loads(self._json).get("normalizer"))
-
-  @property
-  def pad_id(self) -> int:
-    return self._ids[PAD]
-
-  @property
-  def unk_id(self) -> int:
-    return self._ids[SPECIAL_TOKENS[1]]
-
-  @property
-  def cls_id(self) -> int:
-    return self._ids[SPECIAL_TOKENS[2]]
-
-  @property
-  def sep_id(self) -> int:
-    return self._ids[SPECIAL_TOKENS[3]]
-
-  @property
-  def mask_id(self) -> int:
-    return self._ids[SPECIAL_TOKENS[4]]
-
-  def special_ids(self) -> list[int]:
-    """Ids of [PAD], [UNK], [CLS], [SEP], [MASK] in that order."""
-    return [self._ids[t] for t in SPECIAL_TOKENS]
 
   def is_continuation(self) -> np.ndarray:
     """No piece is marked as continuing a word (whole-word masking is WordPiece's)."""

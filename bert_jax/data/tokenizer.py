@@ -87,7 +87,57 @@ def _continuation_chars(hf: tokenizers.Tokenizer, texts: Iterable[str]) -> set[s
   return chars
 
 
-class Tokenizer:
+class Vocabulary:
+  """What a tokenizer of either kind (this WordPiece, data/bpe's BPE) tells about its
+  tokens: `_vocab` (tokens in id order) and `_ids` (token -> id), set by the subclass."""
+
+  _vocab: list[str]
+  _ids: dict[str, int]
+
+  def id_to_token(self, i: int) -> str:
+    return self._vocab[int(i)]
+
+  def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+    return [self._vocab[int(i)] for i in ids]
+
+  def token_to_id(self, token: str) -> int | None:
+    return self._ids.get(token)
+
+  @property
+  def vocab(self) -> list[str]:
+    """Tokens in id order."""
+    return list(self._vocab)
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self._vocab)
+
+  @property
+  def pad_id(self) -> int:
+    return self._ids[PAD]
+
+  @property
+  def unk_id(self) -> int:
+    return self._ids[UNK]
+
+  @property
+  def cls_id(self) -> int:
+    return self._ids[CLS]
+
+  @property
+  def sep_id(self) -> int:
+    return self._ids[SEP]
+
+  @property
+  def mask_id(self) -> int:
+    return self._ids[MASK]
+
+  def special_ids(self) -> list[int]:
+    """Ids of [PAD], [UNK], [CLS], [SEP], [MASK] in that order."""
+    return [self._ids[t] for t in SPECIAL_TOKENS]
+
+
+class Tokenizer(Vocabulary):
   """BERT WordPiece: normalize, split on whitespace/punctuation, word pieces."""
 
   def __init__(self, vocab: Sequence[str], lowercase: bool, source: str = "vocabulary"):
@@ -272,58 +322,14 @@ class Tokenizer:
     skip = set(self.special_ids()) if skip_special_tokens else set()
     return self._hf.decode([int(i) for i in ids if int(i) not in skip])
 
-  def id_to_token(self, i: int) -> str:
-    return self._vocab[int(i)]
-
-  def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
-    return [self._vocab[int(i)] for i in ids]
-
-  def token_to_id(self, token: str) -> int | None:
-    return self._ids.get(token)
-
   @property
   def backend(self) -> tokenizers.Tokenizer:
     """The HF `tokenizers.Tokenizer` behind this one (its full pipeline; read only)."""
     return self._hf
 
-  # --- vocabulary facts ---
-
-  @property
-  def vocab(self) -> list[str]:
-    """Tokens in id order."""
-    return list(self._vocab)
-
-  @property
-  def vocab_size(self) -> int:
-    return len(self._vocab)
-
   @property
   def lowercase(self) -> bool:
     return self._lowercase
-
-  @property
-  def pad_id(self) -> int:
-    return self._ids[PAD]
-
-  @property
-  def unk_id(self) -> int:
-    return self._ids[UNK]
-
-  @property
-  def cls_id(self) -> int:
-    return self._ids[CLS]
-
-  @property
-  def sep_id(self) -> int:
-    return self._ids[SEP]
-
-  @property
-  def mask_id(self) -> int:
-    return self._ids[MASK]
-
-  def special_ids(self) -> list[int]:
-    """Ids of [PAD], [UNK], [CLS], [SEP], [MASK] in that order."""
-    return [self._ids[t] for t in SPECIAL_TOKENS]
 
   def is_continuation(self) -> np.ndarray:
     """bool [vocab_size]: True for `##` pieces (they continue the previous word)."""

@@ -5,7 +5,9 @@ names ('vocab', 'embed', 'mlp', 'heads', 'kv', 'length') that
 `bert_jax.parallel.sharding` maps onto a device mesh.
 
 Shape legend: B batch, L sequence length, D hidden size, H attention heads,
-K head size (D / H), F feed-forward size, P masked positions, V padded vocab.
+K head size (D / H), F feed-forward size, P masked positions, V padded vocab, Q query
+rows of an attention bias (1: padding alone, broadcast over the queries; L: packed rows,
+whose documents differ per query).
 """
 
 import functools
@@ -33,7 +35,7 @@ class AttentionMask:
   """What a layer's attention may see: an additive bias [B, 1, 1 or L, L] for the
   'einsum', 'jax' and 'cudnn' cores (padding, and packed rows' documents), or segment
   ids [B, L] for 'splash' (model/splash.py), with a window for sliding-window layers."""
-  bias: Optional[jax.Array] = None
+  bias: Optional[jax.Array] = None  # bias_Bx1xQxL
   segments_BxL: Optional[jax.Array] = None
   window: Optional[int] = flax.struct.field(pytree_node=False, default=None)
 
@@ -237,7 +239,7 @@ class Embeddings(nn.Module):
                             op_dtype=c.compute_dtype)
 
 
-def fused_attention(kernel: str, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL):
+def fused_attention(kernel: str, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL):
   """softmax(q k^T + bias) v by jax.nn.dot_product_attention (q already scaled).
 
   Scores and softmax in float32 there too, probabilities in v's dtype. 'cudnn' takes
@@ -246,13 +248,13 @@ def fused_attention(kernel: str, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL):
   """
   if kernel == "jax":
     return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
-                                        bias=bias_Bx1x1xL.astype(q_BxLxHxK.dtype), scale=1.0,
+                                        bias=bias_Bx1xQxL.astype(q_BxLxHxK.dtype), scale=1.0,
                                         implementation="xla")
   backend = precision.target_backend()
   if backend != "gpu":
     raise ConfigError(f"config.model.attention_kernel='cudnn' needs an NVIDIA GPU, but this "
                       f"program is compiled for {backend}; expected 'einsum' or 'jax' there")
-  kv_lengths_B = (bias_Bx1x1xL[:, 0, 0, :] == 0).sum(axis=-1).astype(jnp.int32)
+  kv_lengths_B = (bias_Bx1xQxL[:, 0, 0, :] == 0).sum(axis=-1).astype(jnp.int32)
   return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=1.0,
                                       key_value_seq_lengths=kv_lengths_B,
                                       implementation="cudnn")
@@ -264,7 +266,7 @@ class SelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, mask: AttentionMask, deterministic: bool):
     c = self.config
-    bias_Bx1x1xL = mask.bias
+    bias_Bx1xQxL = mask.bias
     head_dim = c.hidden_size // c.num_heads
     cd = c.compute_dtype
     proj = functools.partial(
@@ -280,30 +282,30 @@ class SelfAttention(nn.Module):
                                    mask.window).astype(cd)
     elif c.attention_kernel != "einsum":
       o_BxLxHxK = fused_attention(c.attention_kernel, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
-                                  bias_Bx1x1xL)
+                                  bias_Bx1xQxL)
     else:
-      o_BxLxHxK = self._attend(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, deterministic)
+      o_BxLxHxK = self._attend(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL, deterministic)
     return checkpoint_name(nn.DenseGeneral(
         c.hidden_size, axis=(-2, -1), **dense_kw(c),
         kernel_init=normal_init(c, ("heads", "kv", "embed")),
         bias_init=zeros_init(("embed",)), name="output")(o_BxLxHxK).astype(cd),
         "attention_output")
 
-  def _attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1x1xL, deterministic: bool):
+  def _attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL, deterministic: bool):
     c = self.config
     cd = c.compute_dtype
     # Scores and softmax in float32, as the reference does.
     s_BxHxLxL = activation_einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK, jnp.float32)
     drop = Dropout(c.attention_dropout_rate, c.dropout_rng)
     if c.attention_softmax == "standard":
-      p_BxHxLxL = jax.nn.softmax(s_BxHxLxL + bias_Bx1x1xL, axis=-1)
+      p_BxHxLxL = jax.nn.softmax(s_BxHxLxL + bias_Bx1xQxL, axis=-1)
       p_BxHxLxL = drop(p_BxHxLxL, deterministic=deterministic).astype(cd)
       return activation_einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK,
                                None if not c.mixed else cd)
     # 'deferred': softmax(s) @ v == (exp(s - max) @ v) / sum(exp(s - max)), and dropout,
     # a per-element scale, commutes with the per-row division. Dividing the [L, K]
     # context skips a pass over the [L, L] probabilities.
-    s_BxHxLxL = s_BxHxLxL + bias_Bx1x1xL
+    s_BxHxLxL = s_BxHxLxL + bias_Bx1xQxL
     e_BxHxLxL = jnp.exp(s_BxHxLxL - jax.lax.stop_gradient(s_BxHxLxL.max(-1, keepdims=True)))
     sum_BxHxLx1 = e_BxHxLxL.sum(-1, keepdims=True)
     e_BxHxLxL = drop(e_BxHxLxL, deterministic=deterministic).astype(cd)
@@ -371,12 +373,12 @@ class BertModel(nn.Module):
     The bias below is then [B, 1, L, L] rather than [B, 1, 1, L]; every attention path
     broadcasts it alike (cuDNN's key-length mask cannot say it: BertConfig refuses)."""
     # Additive attention bias: padded keys get a large negative score.
-    bias_Bx1x1xL = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
+    bias_Bx1xQxL = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
     positions_BxL = None
     if documents_BxL is not None:
-      bias_Bx1x1xL, positions_BxL = packed_layout(documents_BxL, mask_BxL)
+      bias_Bx1xQxL, positions_BxL = packed_layout(documents_BxL, mask_BxL)
     attention = (AttentionMask(segments_BxL=splash.segment_ids(mask_BxL, documents_BxL))
-                 if self.config.attention_kernel == "splash" else AttentionMask(bias_Bx1x1xL))
+                 if self.config.attention_kernel == "splash" else AttentionMask(bias_Bx1xQxL))
     x_BxLxD = self.embeddings(ids_BxL, segments_BxL, deterministic, positions_BxL)
     hidden = [x_BxLxD]
     for layer in self.layers:

@@ -36,13 +36,15 @@ from bert_jax.model import flops, precision
 from bert_jax.planner import hlo
 from bert_jax.errors import ConfigError
 from bert_jax.data.pretraining_data import Batch
+from bert_jax.data.tokenizer import MASK, SPECIAL_TOKENS
 from bert_jax.settings import Phase, Settings
 from bert_jax.storage import fs
 
 GIB = 1024**3
-# Placeholder ids of [PAD], [UNK], [CLS], [SEP], [MASK]: constants of the step, not its cost.
-_SPECIAL_IDS = [0, 1, 2, 3, 4]
-_MASK_ID = 4
+# The ids a trained vocabulary gives [PAD], [UNK], [CLS], [SEP], [MASK] (first, in that
+# order): constants of the step, not its cost.
+_SPECIAL_IDS = list(range(len(SPECIAL_TOKENS)))
+_MASK_ID = SPECIAL_TOKENS.index(MASK)
 
 
 @dataclasses.dataclass
