@@ -20,6 +20,7 @@ from bert_jax import console, settings as settings_lib
 from bert_jax.data import batch_ramp, bpe
 from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.storage import fs, mirror
+from bert_jax.storage.workdir import Workdir
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, goodput, init_from
 from bert_jax.errors import BertJaxError, ConfigError, check_stop
@@ -140,7 +141,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
   console.log(f"final eval @ step {state.step}: {describe_eval(ev)}")
   # The workdir as the user gave it, like the other two (Orbax's own path is absolute).
   console.log(f"checkpoints: {checkpoint_dir(workdir)}; TensorBoard: "
-              f"{fs.join(workdir, 'tensorboard')}; plot: {plot}")
+              f"{Workdir(workdir).tensorboard}; plot: {plot}")
   return ev
 
 

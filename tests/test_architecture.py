@@ -406,3 +406,22 @@ def test_the_step_loop_reads_as_the_step_loop():
   fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
             and n.name == "_train_phase")
   assert fn.end_lineno - fn.lineno + 1 < 40
+
+
+# The names of a workdir's parts (storage/workdir.py spells them, once).
+_LAYOUT = {"checkpoints", "prepared", "tensorboard", "metrics.jsonl", "training_curves.png",
+           "goodput", "PROFILE"}
+
+
+def test_only_the_workdir_object_spells_the_workdirs_layout():
+  """Issue 42: no module builds a workdir sub-path by hand; each asks storage/workdir."""
+  bad = []
+  for name, tree in _trees().items():
+    if name == "bert_jax.storage.workdir":
+      continue
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr == "join"):
+        bad += [f"{name}:{node.lineno} {a.value!r}" for a in node.args
+                if isinstance(a, ast.Constant) and a.value in _LAYOUT]
+  assert not bad, bad

@@ -56,7 +56,7 @@ from bert_jax import console
 from bert_jax.parallel import sharding
 from bert_jax.features import extract as features, restore
 from bert_jax.io import checkpointing
-from bert_jax.storage import fs
+from bert_jax.storage import fs, workdir
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.eval import finetune_report as report, metrics as metrics_lib, tasks as tasks_lib
@@ -447,4 +447,4 @@ class FineTuner:
       with convert.atomic_output_dir(directory, overwrite) as tmp:
         checkpointing.save_params(tmp, meta["step"], self.best_params, meta,
                                   this_process_only=True)
-    return fs.join(fs.abspath(directory), "checkpoints", str(meta["step"]))
+    return fs.join(workdir.Workdir(fs.abspath(directory)).checkpoints, str(meta["step"]))

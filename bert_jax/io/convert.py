@@ -36,6 +36,7 @@ from safetensors.numpy import save_file
 from bert_jax.data.prep_store import owner, remove_stale
 from bert_jax.io import checkpointing, hf_modernbert
 from bert_jax.storage import fs
+from bert_jax.storage.workdir import Workdir
 from bert_jax.errors import ConfigError
 from bert_jax.io.hf_weights import (ConvertError, ImportReport, bert_config_from_hf,
                                  hf_config_from_bert, hf_state_to_params, params_to_hf_state,
@@ -129,7 +130,7 @@ def _remove_settled(path: str, tries: int = 20) -> None:
 def _save_imported(out_dir: str, overwrite: bool, params: dict, meta: dict) -> str:
   with atomic_output_dir(out_dir, overwrite) as tmp:
     checkpointing.save_params(tmp, 0, params, meta)
-  return fs.join(fs.abspath(out_dir), "checkpoints", "0")
+  return fs.join(Workdir(fs.abspath(out_dir)).checkpoints, "0")
 
 
 # ----------------------------------------------------------------------------

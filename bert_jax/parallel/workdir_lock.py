@@ -33,6 +33,7 @@ from collections.abc import Iterator
 
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.storage import fs
+from bert_jax.storage.workdir import Workdir
 
 
 class WorkdirInUse(BertJaxError):
@@ -67,7 +68,7 @@ def check_held(verify: bool = False) -> None:
 
 
 def lock_path(workdir: str, process_index: int = 0) -> str:
-  return os.path.join(os.path.abspath(workdir), f".lock-{int(process_index)}")
+  return Workdir(os.path.abspath(workdir)).lock(process_index)
 
 
 @contextlib.contextmanager
@@ -118,7 +119,7 @@ def hold(workdir: str, process_index: int = 0, lock_file: str | None = None) -> 
 
 def _hold_bucket(workdir: str, process_index: int, lock_file: str | None) -> Iterator[dict]:
   from bert_jax.parallel import bucket_lock  # pylint: disable=import-outside-toplevel
-  path = fs.join(workdir, lock_file or f".lock-{int(process_index)}")
+  path = Workdir(workdir).lock(process_index, lock_file)
 
   def in_use(holder: dict) -> WorkdirInUse:
     return WorkdirInUse(f"workdir {workdir} is in use by another run ({describe(holder)}; "

@@ -30,6 +30,7 @@ from bert_jax.data import dataset, prep_merge
 from bert_jax.data.prep_store import MANIFEST_FILE as MANIFEST
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.storage import fs
+from bert_jax.storage.workdir import Workdir
 from bert_jax.settings import DataSettings
 from bert_jax.data import bpe
 from bert_jax.data.bpe import AnyTokenizer
@@ -38,7 +39,7 @@ from bert_jax.data.bpe import AnyTokenizer
 def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
                  workdir: str) -> dataset.Prepared:
   """The prepared examples of every seq_len (prepared now if not stored yet)."""
-  cache_dir = data.cache_dir or os.path.join(workdir, "prepared")
+  cache_dir = data.cache_dir or Workdir(workdir).prepared
   data = _local_inputs(data)
   if fs.is_gcs(cache_dir):
     return _check_streams(data, _prepare_through_bucket(data, seq_lens, seed, cache_dir))

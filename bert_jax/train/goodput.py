@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from bert_jax import console
 from bert_jax.errors import ConfigError
 from bert_jax.storage import fs
+from bert_jax.storage.workdir import Workdir
 
 CATEGORIES = ("productive", "startup", "compile", "data_wait", "eval", "checkpoint",
               "lost_restart", "other")
@@ -59,7 +60,7 @@ class Ledger:
 
   def __init__(self, workdir: str, writer: bool, started: float | None = None):
     self.started = process_start_time() if started is None else started
-    self.directory = fs.join(workdir, "goodput")
+    self.directory = Workdir(workdir).goodput
     self.path = fs.join(self.directory, f"session-{int(self.started * 1000)}-"
                                         f"{socket.gethostname()}-{os.getpid()}.json")
     self.writer = writer

@@ -43,6 +43,7 @@ from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.data import corpus, dataset, vocab_extension
 from bert_jax.io import checkpointing, hf_modernbert, hf_weights, sources
 from bert_jax.storage import fs
+from bert_jax.storage.workdir import Workdir
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, MLM, NSP, bert_config_from_hf,
                                    hf_state_to_params, params_to_hf_state)
@@ -96,7 +97,7 @@ def _local_unless_checkpoint(path: str) -> str:
   or TensorFlow directory there is copied to this host first (fs.local_mirror)."""
   if not fs.is_gcs(path):
     return os.path.abspath(path)
-  if fs.isdir(fs.join(path, "checkpoints")) or fs.isdir(fs.join(path, "params")):
+  if fs.isdir(Workdir(path).checkpoints) or fs.isdir(fs.join(path, "params")):
     return path.rstrip("/")
   return fs.local_mirror(path.rstrip("/"))
 
@@ -112,7 +113,7 @@ def _kind(path: str) -> str:
       return "huggingface"
     if has("bert_config.json") or glob.glob(os.path.join(path, "*.index")):
       return "tensorflow"
-    if (has("checkpoints") or has("params") or
+    if (os.path.isdir(Workdir(path).checkpoints) or has("params") or
         any(n.isdigit() for n in os.listdir(path))):
       return "bert-jax"
   raise ConfigError(

@@ -23,8 +23,7 @@ import jax
 
 from bert_jax import console
 from bert_jax.storage import fs
-
-REQUEST_FILE = "PROFILE"
+from bert_jax.storage.workdir import Workdir
 
 
 class StepProfiler:
@@ -68,7 +67,7 @@ class StepProfiler:
 
   def check_request(self, step: int) -> None:
     """At a log point: `<workdir>/PROFILE` asks for the next steps."""
-    path = fs.join(self.workdir, REQUEST_FILE)
+    path = Workdir(self.workdir).profile_request
     if self.active or not fs.exists(path):
       return
     n = self.on_demand_steps
@@ -97,8 +96,9 @@ class StepProfiler:
       self._stop()
 
   def _start(self, step: int, end: int) -> None:
-    tb = fs.join(self.workdir, "tensorboard")
-    self._local = tempfile.mkdtemp(prefix="bert_jax-profile-") if fs.is_gcs(tb) else tb
+    tb = Workdir(self.workdir).tensorboard
+    bucket = Workdir(self.workdir).is_bucket
+    self._local = tempfile.mkdtemp(prefix="bert_jax-profile-") if bucket else tb
     jax.profiler.start_trace(self._local, create_perfetto_trace=False)
     self.end = end
     console.log(f"profile: tracing steps {step}..{end - 1}")
@@ -106,7 +106,7 @@ class StepProfiler:
   def _stop(self) -> None:
     jax.profiler.stop_trace()
     self.end = None
-    tb = fs.join(self.workdir, "tensorboard")
+    tb = Workdir(self.workdir).tensorboard
     where = tb
     if self._local != tb:  # a bucket: upload what was written
       for path in fs.find(self._local):

@@ -15,6 +15,7 @@ from bert_jax import console
 from bert_jax.errors import ConfigError
 from bert_jax.storage import fs
 from bert_jax.storage.mirror import LogFiles
+from bert_jax.storage.workdir import METRICS, TENSORBOARD, Workdir
 
 
 def is_record(obj: Any) -> bool:
@@ -33,11 +34,11 @@ class Reporter:
 
   def __init__(self, workdir: str):
     self.active = jax.process_index() == 0
-    self.history_path = fs.join(workdir, "metrics.jsonl")
-    self.plot_path = fs.join(workdir, "training_curves.png")
+    where = Workdir(workdir)
+    self.history_path, self.plot_path = where.metrics, where.plot
     # Opened at the first write: a run that fails before logging anything (e.g.
     # resuming with another model size) leaves no new events file behind.
-    self._tensorboard_dir = fs.join(workdir, "tensorboard")
+    self._tensorboard_dir = where.tensorboard
     # On a bucket, both are local copies that a background thread appends to their
     # objects (storage/mirror.py): a log point never waits on the bucket.
     self._logs = LogFiles(workdir)
@@ -53,14 +54,14 @@ class Reporter:
       if self._writer is None:
         # tensorboardX imports torch when installed (+1.3 s a process): only a run that logs pays.
         from tensorboardX import SummaryWriter  # in-function on purpose, see above
-        self._writer = SummaryWriter(self._logs.folder("tensorboard"))
+        self._writer = SummaryWriter(self._logs.folder(TENSORBOARD))
       for k, v in metrics.items():
         self._writer.add_scalar(f"{split}/{k}", float(v), step)
       self._writer.flush()
-      self._logs.found("tensorboard")
+      self._logs.found(TENSORBOARD)
       where = self.history_path
       line = json.dumps({"split": split, "step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n"
-      with fs.open(self._logs.file("metrics.jsonl"), "a", encoding="utf-8") as f:
+      with fs.open(self._logs.file(METRICS), "a", encoding="utf-8") as f:
         f.write(line)
     except OSError as e:
       self._failed = True
@@ -114,14 +115,14 @@ class Reporter:
     if "".join(kept) == self._text():
       return  # nothing to forget: a resume on a full disk writes nothing here
     try:
-      self._logs.replace("metrics.jsonl", "".join(kept).encode("utf-8", "surrogateescape"))
+      self._logs.replace(METRICS, "".join(kept).encode("utf-8", "surrogateescape"))
     except OSError as e:
       raise self._write_error(e, self.history_path) from None
 
   def _text(self) -> str:
     # surrogateescape: a line of any bytes is skipped (and kept by truncate), never an error.
     try:
-      with fs.open(self._logs.file("metrics.jsonl"), encoding="utf-8", errors="surrogateescape",
+      with fs.open(self._logs.file(METRICS), encoding="utf-8", errors="surrogateescape",
                 newline="\n") as f:
         return f.read()
     except FileNotFoundError:
@@ -205,7 +206,7 @@ class Reporter:
     try:
       if self._writer is not None:
         self._writer.close()
-        self._logs.found("tensorboard")
+        self._logs.found(TENSORBOARD)
       self._logs.close()
     except OSError as e:
       if not self._failed:  # after a failed write its error is the one reported

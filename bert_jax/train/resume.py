@@ -18,6 +18,7 @@ from bert_jax import console
 from bert_jax.parallel import sharding, workdir_lock
 from bert_jax.io import checkpointing
 from bert_jax.storage import fs
+from bert_jax.storage.workdir import Workdir
 from bert_jax.data import bpe
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError
 from bert_jax.model.config import BertConfig
@@ -306,4 +307,4 @@ class RunCheckpoints:
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return fs.join(workdir, "checkpoints")
+  return Workdir(workdir).checkpoints

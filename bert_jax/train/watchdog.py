@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from bert_jax.storage import fs
+from bert_jax.storage.workdir import Workdir
 
 EXIT_STATUS = 3  # ended by the watchdog: a scheduler may restart the run
 COPY_WAIT_S = 10.0  # at most this long for the hang file's copy to a bucket, before exiting
@@ -101,16 +102,15 @@ class Watchdog:
     """Writes the stacks to a local file and says so first, then copies the file to a
     bucket workdir best-effort in a thread of its own: the storage may be what hangs,
     and a watchdog never waits on it longer than COPY_WAIT_S (before exiting)."""
-    name = f"hang-{socket.gethostname()}-{os.getpid()}-step{self.step}.txt"
     text = (f"no training step completed for {idle:.0f} s after step {self.step} "
             f"(config.watchdog_s={self.timeout_s:g}); every thread's Python stack:\n\n"
             + stacks())
-    bucket = fs.is_gcs(self.workdir)
+    bucket = Workdir(self.workdir).is_bucket
     if bucket:
       fd, local = tempfile.mkstemp(prefix="bert_jax-hang-", suffix=".txt")
       os.close(fd)
     else:
-      local = os.path.join(self.workdir, name)
+      local = Workdir(self.workdir).hang_file(socket.gethostname(), os.getpid(), self.step)
     try:
       fs.write_text(local, text)
     except OSError:  # a full or read-only local disk: the line still goes out
@@ -119,7 +119,7 @@ class Watchdog:
     copy = None
     where = self.fired
     if bucket and local is not None:
-      target = fs.join(self.workdir, name)
+      target = Workdir(self.workdir).hang_file(socket.gethostname(), os.getpid(), self.step)
       copy = threading.Thread(target=self._copy, args=(local, target), daemon=True,
                               name="bert_jax-watchdog-copy")
       where = f"{local} (being copied to {target})"
