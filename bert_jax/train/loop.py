@@ -14,6 +14,7 @@ Shape legend: B global batch.
 _MAX_IN_FLIGHT = 2
 
 import collections
+import contextlib
 import signal
 import time
 from typing import Any, Optional
@@ -57,6 +58,7 @@ class TrainLoop:
     self._waits = 0.0  # data waits and saves inside the timed interval: not productive
     self._data_wait = 0.0  # the data waits alone (config.straggler_factor)
     self._planned: Optional[int] = None  # XLA's bytes per device for the current step
+    self._logged = False  # a train row was written in this session
     self.throughput = Throughput(settings, steps.bert_config, jax.devices()[0].device_kind,
                                  jax.device_count())
     self.compile_s: dict[int, float] = {}  # phase index -> time of its first step
@@ -297,7 +299,10 @@ class TrainLoop:
     m |= self.hooks.on_log(LogPoint(step, seconds, n_steps, self._waits, self._data_wait))
     self._waits = self._data_wait = 0.0
     self._last_train_loss = m["loss"]
-    self.reporter.write("train", step, m)
+    # The session's first row imports tensorboardX (seconds on a loaded machine): not a hang.
+    with self.hooks.paused() if not self._logged else contextlib.nullcontext():
+      self.reporter.write("train", step, m)
+    self._logged = True
     post = {"loss": f"{m['loss']:.3f}", "mlm_acc": f"{m['mlm_accuracy']:.3f}"}
     post |= {f"{t}_acc": f"{m[t + '_accuracy']:.3f}" for t in ("nsp", "sop")
              if t + "_accuracy" in m}  # none for config.objective 'mlm'
