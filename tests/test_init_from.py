@@ -139,7 +139,7 @@ def test_step0_losses_equal_transformers_on_the_same_masked_batch(run, source, b
   batch = next(iter(input_pipeline.eval_batches(dataset.open_split(directory, SEQ, "eval"),
                                                 BATCH, 0, 1)))
   masked = jax.device_get(steps._mask(jax.random.fold_in(steps.eval_key, 0),  # pylint: disable=protected-access
-                                      jnp.asarray(batch.input_ids_BxL), PREDS))
+                                      batch, PREDS))
   hf = transformers.BertForPreTraining.from_pretrained(source).eval()
   with torch.no_grad():
     out = hf(input_ids=torch.from_numpy(np.asarray(masked.ids_BxL)).long(),

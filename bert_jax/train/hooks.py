@@ -11,8 +11,10 @@ else that happens around a step is a hook, with any of these calls:
   on_time(category, seconds)   time that was not a productive step (compile, data_wait,
                                checkpoint, eval): the goodput ledger
   on_log(point) -> dict        a log point (`LogPoint`): a row's extra metrics
-                               (stragglers), the profiler's on-demand request, the
-                               goodput record
+                               (stragglers), the goodput record
+  after_log(point)             once the row is written: the profiler's on-demand request
+                               (a capture started before the first row's imports would
+                               lose its step annotations)
   paused()                     a context around long waits the loop knows of (saves,
                                evaluations, a rollback): the watchdog stops counting
   close()                      the loop has ended
@@ -31,7 +33,8 @@ from bert_jax.parallel import workdir_lock
 from bert_jax.train import goodput, stragglers
 from bert_jax import console
 
-CALLS = ("start", "step_scope", "before_step", "after_step", "on_time", "on_log", "paused", "close")
+CALLS = ("start", "step_scope", "before_step", "after_step", "on_time", "on_log", "after_log",
+         "paused", "close")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,10 @@ class Hooks:
     for call in self._by_call["on_log"]:
       row |= call(point) or {}
     return row
+
+  def after_log(self, point: LogPoint) -> None:
+    for call in self._by_call["after_log"]:
+      call(point)
 
   def close(self) -> None:
     for call in self._by_call["close"]:

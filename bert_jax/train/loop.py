@@ -296,13 +296,15 @@ class TrainLoop:
                                                         sequences, phase)
     if self._planned:  # next to memory_peak_gib where the platform reports it
       m["memory_planned_gib"] = self._planned / 1024**3
-    m |= self.hooks.on_log(LogPoint(step, seconds, n_steps, self._waits, self._data_wait))
+    point = LogPoint(step, seconds, n_steps, self._waits, self._data_wait)
+    m |= self.hooks.on_log(point)
     self._waits = self._data_wait = 0.0
     self._last_train_loss = m["loss"]
     # The session's first row imports tensorboardX (seconds on a loaded machine): not a hang.
     with self.hooks.paused() if not self._logged else contextlib.nullcontext():
       self.reporter.write("train", step, m)
     self._logged = True
+    self.hooks.after_log(point)
     post = {"loss": f"{m['loss']:.3f}", "mlm_acc": f"{m['mlm_accuracy']:.3f}"}
     post |= {f"{t}_acc": f"{m[t + '_accuracy']:.3f}" for t in ("nsp", "sop")
              if t + "_accuracy" in m}  # none for config.objective 'mlm'

@@ -50,9 +50,8 @@ class StepProfiler:
   def step_scope(self, step: int, compiling: bool):  # its hook call (train/hooks)
     return self.annotate(step)
 
-  def on_log(self, point: Any) -> dict:  # its hook call: a log point checks for PROFILE
+  def after_log(self, point: Any) -> None:  # its hook call: a log point checks for PROFILE
     self.check_request(point.step)
-    return {}
 
   def before_step(self, step: int) -> None:
     """Starts the planned capture if `step` (about to run) is its first."""

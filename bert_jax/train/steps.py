@@ -101,7 +101,7 @@ class TrainSteps:
     # ModernBERT's tokenizer.json) gets its own: padding is never a masking candidate and
     # the model sees what its reference would. With [PAD] = 0 nothing changes.
     pad_id = self.special_ids[SPECIAL_TOKENS.index(PAD)]
-    ids_BxL = batch.input_ids_BxL
+    ids_BxL = jnp.asarray(batch.input_ids_BxL)
     if pad_id != 0:
       ids_BxL = jnp.where(batch.input_mask_BxL > 0, ids_BxL, pad_id)
     return masking.mask_tokens(
