@@ -58,6 +58,8 @@ class BpeTokenizer(Vocabulary):
     hf.no_padding()
     hf.no_truncation()
     self._hf, self._json, self._vocab, self._ids = hf, hf_json, vocab, ids
+    # Read once: the file's text is megabytes for a 50k vocabulary.
+    self._lowercase = "Lowercase" in json.dumps(json.loads(hf_json).get("normalizer"))
 
   @classmethod
   def train(cls, texts: Union[Iterable[str], Callable[[], Iterable[str]]], vocab_size: int,
@@ -136,7 +138,7 @@ class BpeTokenizer(Vocabulary):
   @property
   def lowercase(self) -> bool:
     """Whether the normalizer lowercases (the file decides, not data.lowercase)."""
-    return "Lowercase" in json.dumps(json.loads(self._json).get("normalizer"))
+    return self._lowercase
 
   def is_continuation(self) -> np.ndarray:
     """No piece is marked as continuing a word (whole-word masking is WordPiece's)."""
