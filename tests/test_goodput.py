@@ -97,6 +97,7 @@ def test_a_killed_and_resumed_run_accounts_for_its_wall_time(tmp_path):
   proc = _popen(workdir, cache, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
     soak_kill.wait_for_step(proc, workdir, 9)  # past checkpoint 8 (maybe unfinished), before 12
+    killed = time.time()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
   finally:
@@ -106,12 +107,15 @@ def test_a_killed_and_resumed_run_accounts_for_its_wall_time(tmp_path):
   t0 = time.time()
   proc = _popen(workdir, cache, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   out, err = proc.communicate(timeout=600)
-  measured += time.time() - t0
+  exited = time.time()
+  measured += exited - t0
   assert proc.returncode == 0, err[-3000:]
   sessions = [json.load(open(p)) for p in sorted(glob.glob(f"{workdir}/goodput/*.json"))]
   sessions.sort(key=lambda r: r["started"])
   assert len(sessions) == 2
   first, second = sessions
+  first_path = sorted(glob.glob(f"{workdir}/goodput/*.json"),
+                      key=lambda p: json.load(open(p))["started"])[0]
   # The killed session's steps after the checkpoint the resume found (8, or 4 when 8 was
   # still being written) were computed again, and counted lost.
   assert second["restored_step"] in (4, 8) and second["restored_step"] < first["last_step"]
@@ -121,11 +125,16 @@ def test_a_killed_and_resumed_run_accounts_for_its_wall_time(tmp_path):
          if '"goodput"' in l][-1]
   split = sum(row[k] for k in goodput.CATEGORIES)
   assert split == pytest.approx(row["wall"], rel=0.01), row
-  # Every category measured, and the whole: only what a record cannot see is missing
-  # (the instant between the last record and the kill, interpreter teardown).
+  # Every category measured, and the whole: only what a record cannot see is missing,
+  # the time between the killed session's last record and the kill, and the finished
+  # session's teardown after its summary row. Both are measured here (file times), so on
+  # a loaded machine, where either can take seconds, the bound stays tight.
   for k in ("productive", "startup", "compile", "eval", "checkpoint", "lost_restart"):
     assert row[k] > 0, (k, row)
-  assert 0.9 * measured < row["wall"] <= measured, (row["wall"], measured)
+  unseen = ((killed - os.path.getmtime(first_path))
+            + (exited - os.path.getmtime(os.path.join(workdir, "metrics.jsonl"))))
+  assert 0.97 * (measured - unseen) - 0.5 < row["wall"] <= measured, (row["wall"], measured,
+                                                                      unseen)
   # Every step once, less the two that compiled (each session's first), counted there.
   assert first["steps"] + second["steps"] - second["recomputed_steps"] == STEPS - 2
   assert "goodput: " in out and "2 session(s)" in out
