@@ -9,10 +9,10 @@ exit codes and errors: `bert_jax/commands/train.py` (the same as `bert-jax-train
 
 import os
 
-from bert_jax.parallel import host_malloc
+from bert_jax.commands import launch
 
 if __name__ == "__main__":
-  host_malloc.reexec_with_huge_pages()  # first: it may run this command again
+  launch.start()  # first: it may run this command again
   from bert_jax.commands import train as train_cli
 
   here = os.path.dirname(os.path.abspath(__file__))

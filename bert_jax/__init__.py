@@ -53,8 +53,3 @@ def cpu_only_without_accelerator(environ=os.environ, accelerator: Optional[bool]
     jax.config.update("jax_platforms", "cpu")
   return True
 
-
-# With libtpu installed on a host without a TPU, JAX would try the TPU first and libtpu
-# would print errors about TPU workers; such a host runs on the CPU, quietly. (Here, in
-# the package's first module, so it holds before any module imports jax.)
-cpu_only_without_accelerator()

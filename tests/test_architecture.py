@@ -425,3 +425,34 @@ def test_only_the_workdir_object_spells_the_workdirs_layout():
         bad += [f"{name}:{node.lineno} {a.value!r}" for a in node.args
                 if isinstance(a, ast.Constant) and a.value in _LAYOUT]
   assert not bad, bad
+
+
+def test_importing_the_package_changes_nothing_in_the_process():
+  """Issue 42: no process-wide patching at import. Importing every module (as a library
+  user's notebook would) leaves the environment and the loggers' levels as the
+  dependencies' own imports left them (JAX sets two variables of its own),
+  even with libtpu installed on a host without a TPU, where a command (launch.start)
+  pins JAX to the CPU: the command does that, before JAX is imported, not the import."""
+  script = (
+      "import importlib, logging, os, sys\n"
+      "import gcsfs, jax, flax, optax, orbax.checkpoint, tensorflow_datasets  # their own\n"
+      "levels = lambda: {k: v.level for k, v in logging.Logger.manager.loggerDict.items()\n"
+      "                  if isinstance(v, logging.Logger)}\n"
+      "env, before = dict(os.environ), levels()\n"
+      "for n in sys.argv[1:]:\n"
+      "  importlib.import_module(n)\n"
+      "after = levels()\n"
+      "changed = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))\n"
+      "print(changed, {k: v for k, v in after.items() if v != before.get(k, 0)})\n"
+      "from bert_jax.commands import launch\n"
+      "launch.bert_jax.cpu_only_without_accelerator(accelerator=False)\n"
+      "print(os.environ.get('JAX_PLATFORMS'))\n")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  env["TPU_LIBRARY_PATH"] = "/nonexistent/libtpu.so"  # libtpu "installed"
+  names = sorted(m for m in _modules() if not m.endswith("__main__"))
+  out = subprocess.run([sys.executable, "-c", script, *names], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  first, second = out.stdout.strip().splitlines()[-2:]
+  assert first == "[] {}", first
+  assert second == "cpu"  # what the command's start does, asked for

@@ -1,20 +1,31 @@
-"""How a command starts: the host allocator first, then the command's module.
+"""How a command starts: the process settings first, then the command's module.
 
 Each command's module imports JAX when it is imported, and
 `host_malloc.reexec_with_huge_pages` may run the command again: called from here,
 before that import, a command starts JAX once instead of twice (about a second).
-The installed commands (pyproject's [project.scripts]) and `python -m bert_jax.<name>`
-both come here. Imports no JAX.
+The installed commands (pyproject's [project.scripts]), `python -m bert_jax.<name>`
+and train.py all come here (`start`); importing bert_jax changes nothing in the
+process. Imports no JAX.
 """
 
 import importlib
 
+import bert_jax
 from bert_jax.parallel import host_malloc
+
+
+def start() -> None:
+  """What a command sets for its process before JAX is imported: the CPU pinned where
+  libtpu is installed on a host without a TPU (JAX would try the TPU first and libtpu
+  print errors about TPU workers; such a host runs on the CPU, quietly), then the host
+  allocator's huge pages (which may run the command again, with both in place)."""
+  bert_jax.cpu_only_without_accelerator()
+  host_malloc.reexec_with_huge_pages()
 
 
 def run(name: str) -> None:
   """Runs command `name` (a module of bert_jax.commands, its `cli()`)."""
-  host_malloc.reexec_with_huge_pages()  # first: it may run this command again
+  start()  # first: it may run this command again
   importlib.import_module(f"bert_jax.commands.{name}").cli()
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import logging
 import os
 import shutil
 import socket
@@ -36,10 +35,6 @@ from bert_jax.storage.retries import (GCS, StorageError, check_bucket, check_pat
                                      retrying, storage_error)
 
 T = TypeVar("T")
-
-# gcsfs warns on every bucket it opens without default credentials (an emulator, a
-# public bucket), and logs each failed attempt: our one line says what matters.
-logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # its retries' errors: ours report
 
 
 def abspath(path: str) -> str:

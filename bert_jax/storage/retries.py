@@ -8,6 +8,7 @@ to do. Local paths are never retried here: their OSErrors reach the caller as th
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -70,7 +71,11 @@ def configure_clients() -> None:
   (`STORAGE_EMULATOR_HOST`, a local GCS server as the tests run one), TensorStore is
   pointed at it too and given a placeholder token, the one TensorStore's own tests use
   against a local server: the emulator checks none, and without one TensorStore logs
-  an error line that it found no credentials file. A value the user set is kept."""
+  an error line that it found no credentials file. A value the user set is kept.
+  gcsfs's log is quieted: it warns on every bucket it opens without default credentials
+  (an emulator, a public bucket) and logs each failed attempt, where our one line says
+  what matters."""
+  logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
   host = os.environ.get("STORAGE_EMULATOR_HOST")
   if host:
     os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host)
