@@ -8,7 +8,6 @@ chapter lives in its own module: `settings`, `data_setup`, `steps`,
 
 import contextlib
 import json
-import os
 import time
 from typing import Optional
 
@@ -18,12 +17,12 @@ import numpy as np
 
 from bert_jax import console, settings as settings_lib
 from bert_jax.data import batch_ramp, bpe
-from bert_jax.parallel import sharding, workdir_lock
-from bert_jax.storage import fs, mirror
+from bert_jax.parallel import sharding
+from bert_jax.storage import fs, mirror, outputs, workdir_lock
 from bert_jax.storage.workdir import Workdir
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, goodput, init_from
-from bert_jax.errors import BertJaxError, ConfigError, check_stop
+from bert_jax.errors import BertJaxError, check_stop
 from bert_jax.eval import training_probes as probes
 from bert_jax.train.eval_report import describe_eval
 from bert_jax.train.loop import TrainLoop
@@ -41,17 +40,8 @@ def _check_workdir(workdir: str) -> None:
   """A workdir that cannot be a directory fails here, not deep inside data preparation;
   a bucket that is missing or forbidden, or a server that does not answer, too; a
   URL of another scheme, or a malformed gs:// one, too (never a local folder)."""
-  fs.check_path("--workdir", workdir)
-  if fs.is_gcs(workdir):
-    fs.check_bucket(workdir)  # missing, forbidden or unreachable: one line, nothing written
-    mirror.interval_s()  # the log upload interval: a bad value is one line before any work
-    return
-  path = os.path.abspath(workdir)
-  while not os.path.isdir(path):
-    if os.path.lexists(path):
-      raise ConfigError(f"--workdir {workdir}: {path} is not a directory; expected a directory "
-                        "(created if missing)")
-    path = os.path.dirname(path)
+  outputs.check_directory_target("--workdir", workdir)
+  mirror.interval_s()  # a bucket's log upload interval: a bad value is one line before any work
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -71,7 +61,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   probe_tasks = probes.load_tasks(s.probe)  # config.probe.tasks, read before anything is written
   _check_workdir(workdir)
   for where in (s.data.cache_dir, s.run.compile_cache_dir):
-    if where and fs.is_gcs(where):  # every output location, before any work
+    if where:  # every output location, before any work (a bucket's: it answers)
       fs.check_bucket(where)
   _enable_compile_cache(s.run.compile_cache_dir)
   mesh = sharding.make_mesh(s.mesh.model_parallel)

@@ -94,7 +94,7 @@ RULES = [
                       "bert_jax.io"),
      "the model knows no optimizer, mesh, checkpoint or loop"),
     ("bert_jax.parallel.startup_roster", JAX, "start-up guards run before JAX is initialised"),
-    ("bert_jax.parallel.workdir_lock", JAX, "start-up guards run before JAX is initialised"),
+    ("bert_jax.storage.workdir_lock", JAX, "start-up guards run before JAX is initialised"),
     ("bert_jax.parallel.host_malloc", JAX, "it may exec the command again, before JAX starts"),
     ("bert_jax.commands.launch", JAX, "the commands exec again before JAX starts"),
     ("bert_jax.features", ("optax", "bert_jax.train", "bert_jax.trainer"),
@@ -456,3 +456,19 @@ def test_importing_the_package_changes_nothing_in_the_process():
   first, second = out.stdout.strip().splitlines()[-2:]
   assert first == "[] {}", first
   assert second == "cpu"  # what the command's start does, asked for
+
+
+def test_only_storage_asks_which_storage_a_path_is_on():
+  """Issue 42: local and gs:// are one interface; code outside storage/ asks what it
+  needs of a path (storage/outputs' checks, fs.local_copy_dir, fs.local_mirror), never
+  whether it is a bucket."""
+  bad = []
+  for name, tree in _trees().items():
+    if name.startswith("bert_jax.storage"):
+      continue
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Attribute) and node.attr in ("is_gcs", "GCS"):
+        bad.append(f"{name}:{node.lineno} {node.attr}")
+      if isinstance(node, ast.ImportFrom) and any(a.name in ("is_gcs", "GCS") for a in node.names):
+        bad.append(f"{name}:{node.lineno} import")
+  assert not bad, bad

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from bert_jax.commands import finetune as finetune_cli
-from bert_jax.parallel import workdir_lock
-from bert_jax.io import convert
+from bert_jax.storage import workdir_lock
+from bert_jax.storage import outputs
 from test_finetune import data  # noqa: F401  (the module's checkpoint and task fixture)
 from test_full_disk import _dead_pid, _errors, _in_namespace
 import soak_kill
@@ -101,7 +101,7 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_output(tmp_path):
   (stale / "checkpoints").mkdir(parents=True)
   alive = tmp_path / f".model.tmp-{socket.gethostname()}-{os.getppid()}"  # a live writer's
   alive.mkdir()
-  with convert.atomic_output_dir(str(tmp_path / "model"), overwrite=False) as tmp:
+  with outputs.atomic_output_dir(str(tmp_path / "model"), overwrite=False) as tmp:
     with open(os.path.join(tmp, "x"), "w", encoding="utf-8") as f:
       f.write("x")
   assert sorted(os.listdir(tmp_path)) == sorted([alive.name, "model"])

@@ -23,7 +23,8 @@ import tempfile
 import pytest
 
 from bert_jax.data import tokenizer
-from bert_jax.parallel import startup_roster, workdir_lock
+from bert_jax.parallel import startup_roster
+from bert_jax.storage import workdir_lock
 from bert_jax.io import checkpointing
 from bert_jax.train import init_from
 from bert_jax.errors import CheckpointError, ConfigError

@@ -133,7 +133,7 @@ def test_a_corpus_without_read_permission_is_one_line_naming_it(server, front, t
 
 
 def test_a_second_run_on_a_held_bucket_workdir_stops_naming_the_holder(server):
-  from bert_jax.parallel import workdir_lock
+  from bert_jax.storage import workdir_lock
   with workdir_lock.hold("gs://bkt/locked", 0) as holder:
     with pytest.raises(workdir_lock.WorkdirInUse) as e:
       with workdir_lock.hold("gs://bkt/locked", 0):
@@ -147,7 +147,7 @@ def test_a_second_run_on_a_held_bucket_workdir_stops_naming_the_holder(server):
 HOLD_AND_WAIT = """
 import sys, time
 sys.path.insert(0, {root!r})
-from bert_jax.parallel import bucket_lock, workdir_lock
+from bert_jax.storage import bucket_lock, workdir_lock
 if {other_machine!r}:  # a holder on another VM: its boot is not this one's
   bucket_lock.boot_id = lambda: "boot-of-another-vm"
 with workdir_lock.hold("gs://bkt/{name}", 0):
@@ -158,7 +158,7 @@ with workdir_lock.hold("gs://bkt/{name}", 0):
 
 def test_a_killed_holders_lease_expires_and_the_next_run_takes_over_saying_so(
     server, capfd, monkeypatch):
-  from bert_jax.parallel import bucket_lock, workdir_lock
+  from bert_jax.storage import bucket_lock, workdir_lock
   env = {**os.environ, "BERT_JAX_LOCK_LEASE_S": "3"}
   proc = subprocess.Popen([sys.executable, "-c", HOLD_AND_WAIT.format(
       root=ROOT, other_machine=True, name="killed")], env=env, stdout=subprocess.PIPE, text=True)
@@ -178,7 +178,7 @@ def test_a_killed_holders_lease_expires_and_the_next_run_takes_over_saying_so(
 
 def test_a_holder_killed_on_this_machine_is_taken_over_at_once(server, capfd, monkeypatch):
   """Same boot id, pid gone (kill -9, then the rerun): no wait for the lease (issue 41)."""
-  from bert_jax.parallel import bucket_lock, workdir_lock
+  from bert_jax.storage import bucket_lock, workdir_lock
   env = {**os.environ, "BERT_JAX_LOCK_LEASE_S": "60"}
   proc = subprocess.Popen([sys.executable, "-c", HOLD_AND_WAIT.format(
       root=ROOT, other_machine=False, name="killed-here")], env=env, stdout=subprocess.PIPE,
@@ -206,7 +206,7 @@ def _steal(path: str, holder: dict) -> None:
 
 
 def test_a_lease_taken_over_while_held_stops_the_holder_naming_the_new_one(server, monkeypatch):
-  from bert_jax.parallel import bucket_lock, workdir_lock
+  from bert_jax.storage import bucket_lock, workdir_lock
   monkeypatch.setattr(bucket_lock, "LEASE_S", 1.0)
   with workdir_lock.hold("gs://bkt/stolen", 0):
     workdir_lock.check_held()  # held: nothing to say

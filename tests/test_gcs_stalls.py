@@ -43,7 +43,7 @@ def test_a_lease_renewal_the_server_applied_late_is_still_this_leases(server, mo
   """The late write is simulated exactly: this lease's own record written over the object
   (a new generation the lease did not see), as a timed-out renewal lands later."""
   from google.cloud import storage
-  from bert_jax.parallel import bucket_lock, workdir_lock
+  from bert_jax.storage import bucket_lock, workdir_lock
   monkeypatch.setattr(bucket_lock, "LEASE_S", 1.0)
   with workdir_lock.hold("gs://bkt/late", 0) as record:
     blob = storage.Client().bucket("bkt").blob("late/.lock-0")
@@ -57,7 +57,7 @@ def test_a_lease_renewal_the_server_applied_late_is_still_this_leases(server, mo
 
 def test_another_runs_record_is_still_a_takeover(server, monkeypatch):
   from google.cloud import storage
-  from bert_jax.parallel import bucket_lock, workdir_lock
+  from bert_jax.storage import bucket_lock, workdir_lock
   monkeypatch.setattr(bucket_lock, "LEASE_S", 1.0)
   with pytest.raises(workdir_lock.WorkdirLost):
     with workdir_lock.hold("gs://bkt/taken", 0) as record:

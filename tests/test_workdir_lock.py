@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from bert_jax.parallel import workdir_lock
+from bert_jax.storage import workdir_lock
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.parallel.workdir_lock import WorkdirInUse
+from bert_jax.storage.workdir_lock import WorkdirInUse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _holder_process(workdir: str, process_index: int = 0) -> subprocess.Popen:
   """A second process that takes the lock, says so, and sleeps until killed."""
   code = ("import sys, time; sys.path.insert(0, %r)\n"
-          "from bert_jax.parallel import workdir_lock\n"
+          "from bert_jax.storage import workdir_lock\n"
           "with workdir_lock.hold(%r, %d):\n"
           "  print('held', flush=True)\n"
           "  time.sleep(120)\n" % (ROOT, workdir, process_index))

@@ -135,30 +135,3 @@ def join_negative_values(argv: list[str], flags: Sequence[str] = ("--layers",)) 
       out.append(argv[i])
       i += 1
   return out
-
-
-def check_writable_dir(flag: str, directory: str) -> None:
-  """A file written and removed in `directory` (made for the check and removed again if
-  missing), so an output on a read-only or full disk is one line before any work, not a
-  traceback after it."""
-  directory = os.path.abspath(directory)
-  made, up = [], directory
-  while not os.path.exists(up):
-    made.append(up)
-    up = os.path.dirname(up)
-  probe = os.path.join(directory, f".write-check-{os.getpid()}")
-  try:
-    os.makedirs(directory, exist_ok=True)
-    with fs.open(probe, "wb") as f:
-      f.write(b"0" * 4096)  # a block: an inode alone fits on a full disk
-      f.flush()
-      os.fsync(f.fileno())
-  except OSError as e:
-    raise ConfigError(f"{flag} {directory}: cannot write there ({e.strerror}); expected a "
-                      "writable directory with free space; nothing was written") from None
-  finally:
-    for path in (probe, *made):
-      try:
-        (os.remove if path == probe else os.rmdir)(path)
-      except OSError:
-        pass

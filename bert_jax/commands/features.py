@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from bert_jax.commands import common
-from bert_jax.storage import fs
+from bert_jax.storage import fs, outputs
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.features.extract import DTYPES, POOLINGS, Extractor, Features
 from bert_jax.data.tokenizer import CLS, SEP
@@ -178,11 +178,7 @@ def run(args: argparse.Namespace) -> Features:
         f"--output '{args.output}' with --pooling {args.pooling}: expected a "
         f"{'.npz' if args.pooling == 'none' else '.npy'} file (per-token features, --pooling "
         "none, go to .npz; pooled ones, cls/mean/pooler, to .npy)")
-  out_dir = os.path.dirname(os.path.abspath(args.output))
-  if not fs.is_gcs(args.output) and not os.path.isdir(out_dir):  # a bucket has no folders
-    raise ConfigError(f"--output '{args.output}': directory {out_dir} does not exist")
-  if fs.isdir(args.output):
-    raise ConfigError(f"--output '{args.output}' is a directory; expected a file name")
+  outputs.check_file_target("--output", args.output)
   expect = _parse_expect(args.expect_config)
   texts = read_inputs(args.input)
   ex = Extractor.from_checkpoint(args.checkpoint, step=args.step, dtype=args.dtype,

@@ -50,7 +50,7 @@ from typing import Optional
 
 from bert_jax.commands import common
 from bert_jax.errors import ConfigError
-from bert_jax.storage import fs
+from bert_jax.storage import fs, outputs
 
 
 def _floats(flag: str, text: str) -> tuple[float, ...]:
@@ -177,9 +177,8 @@ def _take_outputs(stack: contextlib.ExitStack, output_dir: str, save: Optional[s
   """Writability of --output_dir and of --save's folder, checked before any work, and both
   locked for the run: a second fine-tuning with the same outputs stops at once with one
   line, instead of overwriting the first's results.json."""
-  from bert_jax.parallel import workdir_lock
-  check = lambda flag, where: (fs.check_bucket(where) if fs.is_gcs(where)
-                               else common.check_writable_dir(flag, where))
+  from bert_jax.storage import workdir_lock
+  check = outputs.check_writable_dir
   check("--output_dir", output_dir)
   taken = [("--output_dir", output_dir, None)]
   if save is not None:

@@ -35,12 +35,12 @@ from bert_jax.data import corpus, prep_parts, prep_merge, prep_workers, prep_wri
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.data.prep_store import (  # noqa: F401  (re-exported: the data's public names)
     HEADER, INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE, TOKENIZER_DIR, ExampleSource,
-    owner, remove_stale, seq_dir, shard_path, write_json)
+    seq_dir, shard_path, write_json)
 from bert_jax.data.prep_check import (  # noqa: F401
     CacheDirError, PreparedDataError, check_corpus_unchanged, check_seq_dir, is_complete, writable,
     write_manifest)
 from bert_jax.data import bpe
-from bert_jax.storage import fs
+from bert_jax.storage import fs, outputs
 
 if TYPE_CHECKING:  # data code takes its typed part of the settings, never a config
   from bert_jax.settings import DataSettings
@@ -185,12 +185,12 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
   settings = _key_settings(c, seed, local)
   key = _hash(settings)
   directory = os.path.join(cache_dir, key)
-  remove_stale(cache_dir, f".{key}.tmp-")
+  outputs.remove_stale(cache_dir, f".{key}.tmp-")
   complete = is_complete(directory)
   if not complete and os.path.exists(directory):
     shutil.rmtree(directory)  # not made by this version's atomic rename: debris
   if complete:
-    remove_stale(directory, ".seq")
+    outputs.remove_stale(directory, ".seq")
   missing = _missing(directory, seq_lens, complete)
   if not missing:
     return Where(directory, settings, True, local)
@@ -201,7 +201,7 @@ def prepare_parts(c: DataSettings, seq_lens: list[int], cache_dir: str, seed: in
   try:
     with writable(cache_dir):
       os.makedirs(parts_root, exist_ok=True)
-      remove_stale(parts_root, "part-")
+      outputs.remove_stale(parts_root, "part-")
       tokenizer_dir = os.path.join(directory, TOKENIZER_DIR) if complete else (
           _shared_tokenizer(c, seed, parts_root, tokenizer))
       jobs = prep_merge.jobs(c, tokenizer_dir, parts_root, missing, seed)
@@ -243,7 +243,7 @@ def _shared_tokenizer(c: DataSettings, seed: int, parts_root: str,
   where = os.path.join(parts_root, TOKENIZER_DIR)
   if not os.path.isdir(where):
     tokenizer = given or make_tokenizer(c, seed)
-    staging = f"{where}.tmp-{owner()}"
+    staging = f"{where}.tmp-{outputs.owner()}"
     tokenizer.save(staging)
     try:
       fs.rename(staging, where)
@@ -282,7 +282,7 @@ def finish(c: DataSettings, seq_lens: list[int], where: Where, seed: int) -> str
 
 def _finish_fresh(c: DataSettings, settings: dict, cache_dir: str, directory: str,
                   jobs: list[prep_write.PartJob], seq_lens: list[int]) -> None:
-  staging = os.path.join(cache_dir, f".{os.path.basename(directory)}.tmp-{owner()}")
+  staging = os.path.join(cache_dir, f".{os.path.basename(directory)}.tmp-{outputs.owner()}")
   try:
     os.makedirs(staging)
     stats = prep_merge.merge(c, jobs, {l: seq_dir(staging, l) for l in seq_lens})
@@ -305,7 +305,7 @@ def _add_seq_lens(c: DataSettings, directory: str, jobs: list[prep_write.PartJob
   """Adds seq_lens to a complete preparation, made with its stored tokenizer."""
   with fs.open(os.path.join(directory, SETTINGS_FILE), encoding="utf-8") as f:
     started_from = json.load(f)["corpus"]  # what the preparation's key was made from
-  stagings = {l: os.path.join(directory, f".seq{l}.tmp-{owner()}") for l in seq_lens}
+  stagings = {l: os.path.join(directory, f".seq{l}.tmp-{outputs.owner()}") for l in seq_lens}
   try:
     prep_merge.merge(c, jobs, stagings)
     check_corpus_unchanged(c, started_from)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -47,34 +45,6 @@ def write_json(path: str, obj: Any) -> None:
   """`obj` as JSON, atomically (storage.fs: the one writer of whole files)."""
   text = json.dumps(obj, indent=2, sort_keys=True)
   fs.write_atomic_local(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def owner() -> str:
-  """`<host>-<pid>`: the end of a staging folder's name (`<name>.tmp-<owner>`)."""
-  return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def remove_stale(directory: str, prefix: str) -> None:
-  """Removes `<prefix>*.tmp-<host>-<pid>` debris of dead processes on this host."""
-  if not os.path.isdir(directory):
-    return
-  host = socket.gethostname()
-  for name in os.listdir(directory):
-    if not name.startswith(prefix) or ".tmp-" not in name:
-      continue
-    owner_host, _, pid = name.rpartition(".tmp-")[2].rpartition("-")
-    if owner_host == host and pid.isdigit() and not _alive(int(pid)):
-      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
 
 
 class ExampleSource:

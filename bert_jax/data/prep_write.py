@@ -33,7 +33,8 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from bert_jax.data import corpus, packing, prep_parts, pretraining_data
-from bert_jax.data.prep_store import HEADER, owner, shard_path, write_json
+from bert_jax.data.prep_store import HEADER, shard_path, write_json
+from bert_jax.storage.outputs import owner
 from bert_jax.data.prep_check import writable
 from bert_jax.data import bpe
 from bert_jax.data.bpe import AnyTokenizer

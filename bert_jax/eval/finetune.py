@@ -56,7 +56,7 @@ from bert_jax import console
 from bert_jax.parallel import sharding
 from bert_jax.features import extract as features, restore
 from bert_jax.io import checkpointing
-from bert_jax.storage import fs, workdir
+from bert_jax.storage import fs, outputs, workdir
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.eval import finetune_report as report, metrics as metrics_lib, tasks as tasks_lib
@@ -439,12 +439,11 @@ class FineTuner:
     (atomically; on several processes, process 0 alone writes it, as it writes
     results.json); `python -m bert_jax.convert to-hf` exports it as
     BertForSequenceClassification. Returns the step folder."""
-    from bert_jax.io import convert
     if self.best_params is None:
       raise ConfigError("save: no fine-tuned run to save; run sweep first")
     meta = self.save_meta(results)
     if jax.process_index() == 0:
-      with convert.atomic_output_dir(directory, overwrite) as tmp:
+      with outputs.atomic_output_dir(directory, overwrite) as tmp:
         checkpointing.save_params(tmp, meta["step"], self.best_params, meta,
                                   this_process_only=True)
     return fs.join(workdir.Workdir(fs.abspath(directory)).checkpoints, str(meta["step"]))

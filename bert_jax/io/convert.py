@@ -21,23 +21,18 @@ Loading never executes code from a file: safetensors by default, a pickled
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import sys
-import time
-from collections.abc import Iterator
 from typing import Optional
 
 from safetensors.numpy import save_file
 
-from bert_jax.data.prep_store import owner, remove_stale
 from bert_jax.io import checkpointing, hf_modernbert
 from bert_jax.storage import fs
+from bert_jax.storage.outputs import atomic_output_dir
 from bert_jax.storage.workdir import Workdir
-from bert_jax.errors import ConfigError
 from bert_jax.io.hf_weights import (ConvertError, ImportReport, bert_config_from_hf,
                                  hf_config_from_bert, hf_state_to_params, params_to_hf_state,
                                  tf_to_hf)
@@ -47,84 +42,6 @@ from bert_jax.io.sources import (check_dir, load_hf_weights, load_tf_checkpoint,
 from bert_jax.model.config import BertConfig
 from bert_jax.data import bpe
 from bert_jax.data.bpe import AnyTokenizer
-
-
-@contextlib.contextmanager
-def atomic_output_dir(out_dir: str, overwrite: bool) -> Iterator[str]:
-  """Yields a temp dir beside `out_dir` that becomes `out_dir` only if the block succeeds.
-
-  A `gs://` out_dir: the temp dir is local and is uploaded when the block succeeds
-  (`_upload_tree`)."""
-  if fs.is_gcs(out_dir):
-    with _bucket_output_dir(out_dir.rstrip("/"), overwrite) as tmp:
-      yield tmp
-    return
-  out_dir = os.path.abspath(out_dir)
-  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    raise ConfigError(f"output {out_dir} exists and is not a directory; expected a directory "
-                      "(created if missing)")
-  if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
-    raise ConfigError(f"output {out_dir} exists and is not empty; pass --overwrite to replace it")
-  parent, base = os.path.split(out_dir)
-  os.makedirs(parent, exist_ok=True)
-  # A killed writer's temporary (`.<base>.tmp-<host>-<pid>` of a dead pid) is debris.
-  remove_stale(parent, f".{base}.")
-  tmp = os.path.join(parent, f".{base}.tmp-{owner()}")
-  shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
-  try:
-    yield tmp
-  except BaseException:
-    _remove_settled(tmp)
-    raise
-  old = os.path.join(parent, f".{base}.old-{owner()}")
-  if os.path.isdir(out_dir):
-    fs.replace(out_dir, old)
-  fs.replace(tmp, out_dir)
-  shutil.rmtree(old, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _bucket_output_dir(out_dir: str, overwrite: bool) -> Iterator[str]:
-  if fs.listdir_or_empty(out_dir) and not overwrite:
-    raise ConfigError(f"output {out_dir} exists and is not empty; pass --overwrite to replace it")
-  fs.check_bucket(out_dir)
-  import tempfile  # pylint: disable=import-outside-toplevel
-  tmp = tempfile.mkdtemp(prefix="bert_jax-output-")
-  try:
-    yield tmp
-    if overwrite:
-      fs.rmtree(out_dir)
-    _upload_tree(tmp, out_dir)
-  finally:
-    _remove_settled(tmp)
-
-
-def _upload_tree(local: str, out_dir: str) -> None:
-  """Every file under `local` to `out_dir`. Orbax reads a step on GCS only once its
-  commit file exists (`commit_success.txt` in the step and item folders, what Orbax
-  writes last when it saves to GCS itself): they are uploaded after everything else,
-  so a reader never takes a half-uploaded step for complete."""
-  commits = []
-  for d, _, files in sorted(os.walk(local)):
-    rel = os.path.relpath(d, local)
-    parts = [] if rel == "." else rel.split(os.sep)
-    for f in sorted(files):
-      fs.upload(os.path.join(d, f), fs.join(out_dir, *parts, f))
-    if len(parts) in (2, 3) and parts[0] == "checkpoints" and parts[1].isdigit():
-      commits.append(fs.join(out_dir, *parts, "commit_success.txt"))
-  for path in sorted(commits, key=len, reverse=True):  # the step folder's own last
-    fs.write_text(path, "")
-
-
-def _remove_settled(path: str, tries: int = 20) -> None:
-  """Removes `path` until it stays removed: after a failed Orbax save (a full disk),
-  TensorStore's writes still in flight can make its folders again for a moment."""
-  for _ in range(tries):
-    shutil.rmtree(path, ignore_errors=True)
-    time.sleep(0.1)
-    if not os.path.exists(path):
-      return
 
 
 def _save_imported(out_dir: str, overwrite: bool, params: dict, meta: dict) -> str:

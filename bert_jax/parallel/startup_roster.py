@@ -34,7 +34,7 @@ import time
 from typing import Optional
 
 from bert_jax.errors import ConfigError
-from bert_jax.parallel.workdir_lock import Held, describe, flock_exclusive, holder_record
+from bert_jax.storage.workdir_lock import Held, describe, flock_exclusive, holder_record
 
 _HELLO_TIMEOUT_S = 10.0  # a connection that sends nothing is dropped after this
 

@@ -276,15 +276,30 @@ def gcsfs():
   return fsspec.filesystem("gcs")
 
 
-def local_mirror(path: str, root: str | None = None) -> str:
+def local_copy_dir(directory: str) -> str | None:
+  """Where on this host's disk the files of `directory` are kept to be read by random
+  access (prepared data), when it is not on this host's disk: a bucket folder's copy,
+  ~/.cache/bert_jax/prepared/<bucket>/<path> (BERT_JAX_LOCAL_CACHE moves it). None for
+  a local folder, read where it is."""
+  if not is_gcs(directory):
+    return None
+  root = os.path.expanduser(os.environ.get("BERT_JAX_LOCAL_CACHE", "~/.cache/bert_jax/prepared"))
+  return os.path.join(root, directory[len(GCS):].strip("/"))
+
+
+def local_mirror(path: str, root: str | None = None,
+                 before_copy: Callable[[], None] | None = None) -> str:
   """A local copy of a gs:// file, glob or folder (every object under it), for readers
   that want local files (the corpus, a vocabulary, a HuggingFace model); a local path
   is returned as it is. Copies live in `root` (default BERT_JAX_LOCAL_CACHE/../gcs,
   ~/.cache/bert_jax/gcs) at the object's path, with its size and modification time, and
   are downloaded again only when those differ (a host that lost its disk: all of it).
+  `before_copy` is called first for a bucket path (a log line: a corpus takes a while).
   Returns the local path, or the local glob for a glob."""
   if not is_gcs(path):
     return path
+  if before_copy is not None:
+    before_copy()
   root = root or os.path.expanduser(os.environ.get("BERT_JAX_GCS_MIRROR", "~/.cache/bert_jax/gcs"))
   local_of = lambda name: os.path.join(root, name[len(GCS):] if name.startswith(GCS) else name)
   fsys = gcsfs()

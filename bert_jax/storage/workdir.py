@@ -11,7 +11,7 @@ is spelled (every owner asks a `Workdir`).
     goodput/session-*.json       where each session's time went (train/goodput)
     hang-<host>-<pid>-step<N>.txt  a watchdog's stacks (train/watchdog)
     PROFILE                      a request to profile the next steps (train/profiling)
-    .lock-<i>                    process i's lock (parallel/workdir_lock)
+    .lock-<i>                    process i's lock (storage/workdir_lock)
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from bert_jax import console
 from bert_jax.data import dataset, prep_merge
 from bert_jax.data.prep_store import MANIFEST_FILE as MANIFEST
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.storage import fs
+from bert_jax.storage import fs, outputs
 from bert_jax.storage.workdir import Workdir
 from bert_jax.settings import DataSettings
 from bert_jax.data import bpe
@@ -41,8 +41,10 @@ def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
   """The prepared examples of every seq_len (prepared now if not stored yet)."""
   cache_dir = data.cache_dir or Workdir(workdir).prepared
   data = _local_inputs(data)
-  if fs.is_gcs(cache_dir):
-    return _check_streams(data, _prepare_through_bucket(data, seq_lens, seed, cache_dir))
+  local_copy = fs.local_copy_dir(cache_dir)
+  if local_copy is not None:  # a bucket: prepared once into it, read from each host's copy
+    return _check_streams(data, _prepare_through_bucket(data, seq_lens, seed, cache_dir,
+                                                        local_copy))
   if jax.process_count() == 1:
     return _check_streams(data, dataset.prepare(data, seq_lens, cache_dir, seed))
   return _check_streams(data, _prepare_data_multiprocess(data, seq_lens, cache_dir, seed))
@@ -53,24 +55,15 @@ def _local_inputs(data: DataSettings) -> DataSettings:
   host's disk first (fs.local_mirror: only what is missing or changed), since the data
   code reads local files; the copies keep the objects' sizes and times, so the prepared
   data's key is the same on every host."""
-  changes = {}
-  if fs.is_gcs(data.corpus):
-    console.log(f"copying {data.corpus} to this host (once; kept in ~/.cache/bert_jax/gcs)")
-    changes["corpus"] = fs.local_mirror(data.corpus)
-  if data.vocab_file and fs.is_gcs(data.vocab_file):
-    changes["vocab_file"] = fs.local_mirror(data.vocab_file)
-  return dataclasses.replace(data, **changes) if changes else data
-
-
-def local_cache_of(bucket_dir: str) -> str:
-  """Where a gs:// cache_dir's preparations are read from on this host:
-  ~/.cache/bert_jax/prepared/<bucket>/<path> (BERT_JAX_LOCAL_CACHE moves it)."""
-  root = os.path.expanduser(os.environ.get("BERT_JAX_LOCAL_CACHE", "~/.cache/bert_jax/prepared"))
-  return os.path.join(root, bucket_dir[len(fs.GCS):].strip("/"))
+  note = lambda: console.log(f"copying {data.corpus} to this host (once; kept in "
+                             "~/.cache/bert_jax/gcs)")
+  corpus = fs.local_mirror(data.corpus, before_copy=note)
+  vocab_file = fs.local_mirror(data.vocab_file) if data.vocab_file else data.vocab_file
+  return dataclasses.replace(data, corpus=corpus, vocab_file=vocab_file)
 
 
 def _prepare_through_bucket(data: DataSettings, seq_lens: list[int], seed: int,
-                            bucket_dir: str) -> dataset.Prepared:
+                            bucket_dir: str, local: str) -> dataset.Prepared:
   """Prepared once into the bucket, read from a copy on each host's disk.
 
   The input pipeline reads records by random access, which wants local files. So
@@ -80,7 +73,6 @@ def _prepare_through_bucket(data: DataSettings, seq_lens: list[int], seed: int,
   Each copy is checked against the manifest's sizes before use (dataset.prepare's
   `is_complete`), and the bytes are those of a local preparation: resume stays exact.
   """
-  local = local_cache_of(bucket_dir)
   key = dataset.key(data, seed)
   remote = fs.join(bucket_dir, key)
   if jax.process_index() == 0:
@@ -101,7 +93,7 @@ def _copy_down(remote: str, local: str, key: str) -> None:
   if dataset.is_complete(here, repair=False) or not fs.exists(fs.join(remote, MANIFEST)):
     return
   console.log(f"copying prepared data {remote} to {here}")
-  staging = os.path.join(local, f".{key}.tmp-{dataset.owner()}")
+  staging = os.path.join(local, f".{key}.tmp-{outputs.owner()}")
   copied = fs.local_mirror(remote, root=staging)
   shutil.rmtree(here, ignore_errors=True)
   fs.replace(copied, here)  # whole, or not at all

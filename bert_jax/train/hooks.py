@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bert_jax.parallel import workdir_lock
+from bert_jax.storage import workdir_lock
 from bert_jax.train import goodput, stragglers
 from bert_jax import console
 

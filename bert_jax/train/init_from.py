@@ -93,16 +93,21 @@ def _flag(path: str) -> str:
 
 
 def _local_unless_checkpoint(path: str) -> str:
-  """A bert-jax checkpoint on a bucket is read where it is (Orbax on GCS); a HuggingFace
-  or TensorFlow directory there is copied to this host first (fs.local_mirror)."""
-  if not fs.is_gcs(path):
-    return os.path.abspath(path)
-  if fs.isdir(Workdir(path).checkpoints) or fs.isdir(fs.join(path, "params")):
-    return path.rstrip("/")
-  return fs.local_mirror(path.rstrip("/"))
+  """A bert-jax checkpoint is read where it is (Orbax reads a bucket too); a HuggingFace
+  or TensorFlow directory in a bucket is copied to this host first (fs.local_mirror,
+  which gives a local path back as it is)."""
+  if _is_checkpoint(path):
+    return fs.abspath(path).rstrip("/")
+  return os.path.abspath(fs.local_mirror(path.rstrip("/")))
+
+
+def _is_checkpoint(path: str) -> bool:
+  return fs.isdir(Workdir(path).checkpoints) or fs.isdir(fs.join(path, "params"))
 
 
 def _kind(path: str) -> str:
+  if _is_checkpoint(path):  # local or in a bucket
+    return "bert-jax"
   if not os.path.exists(path):
     raise ConfigError(f"{_flag(path)}: no such file or directory; expected a HuggingFace or "
                       "TensorFlow BERT directory, a bert_jax.io.convert checkpoint or a bert-jax "
@@ -157,7 +162,7 @@ def _read_bert_jax(path: str) -> Source:
 def resolve(s: Settings) -> Source:
   """The source of `s.init.path`, checked against the run's config; one error line if not."""
   path = _local_unless_checkpoint(s.init.path)
-  kind = "bert-jax" if fs.is_gcs(path) else _kind(path)
+  kind = _kind(path)
   if kind == "tensorflow" and importlib.util.find_spec("tensorflow") is None:
     raise ConfigError(f"{_flag(path)} is a google-research/bert TensorFlow checkpoint; reading "
                       "it needs TensorFlow, which is not installed (pip install tensorflow-cpu)")

@@ -8,16 +8,15 @@ how a failed background write becomes one clear line.
 import dataclasses
 import functools
 import json
-import os
 from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
 
 from bert_jax import console
-from bert_jax.parallel import sharding, workdir_lock
+from bert_jax.parallel import sharding
 from bert_jax.io import checkpointing
-from bert_jax.storage import fs
+from bert_jax.storage import outputs, workdir_lock
 from bert_jax.storage.workdir import Workdir
 from bert_jax.data import bpe
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError
@@ -102,11 +101,6 @@ _DATA_IDENTITY = ("corpus", "format", "max_documents", "lowercase")
 _TRAINED_VOCAB = ("vocab_size", "vocab_sample_bytes")  # only when no vocab_file is given
 
 
-def _same_path(a, b) -> bool:
-  return a == b or (isinstance(a, str) and isinstance(b, str) and bool(a) and bool(b)
-                    and not fs.is_gcs(a) and os.path.realpath(a) == os.path.realpath(b))
-
-
 def check_same_data(s: Settings, workdir: str) -> None:
   """A workdir whose checkpoint was trained on another corpus or vocabulary is refused."""
   meta = checkpointing.newest_meta(checkpoint_dir(workdir))
@@ -120,7 +114,7 @@ def check_same_data(s: Settings, workdir: str) -> None:
   fields = _DATA_IDENTITY + (() if both_files else ("vocab_file",)) + (
       () if data.get("vocab_file") else _TRAINED_VOCAB)
   differ = [k for k in fields if k in saved and not (
-      _same_path(saved[k], data.get(k)) if k == "corpus" else saved[k] == data.get(k))]
+      outputs.same_path(saved[k], data.get(k)) if k == "corpus" else saved[k] == data.get(k))]
   where = f"--workdir {workdir} holds a run"
   if differ:
     was = ", ".join(f"{k}={saved[k]!r}" for k in differ)

@@ -59,7 +59,7 @@ def check_held(verify: bool = False) -> None:
     if verify:
       lease.verify()
     if lease.lost is not None:
-      from bert_jax.parallel import bucket_lock  # pylint: disable=import-outside-toplevel
+      from bert_jax.storage import bucket_lock  # pylint: disable=import-outside-toplevel
       raise WorkdirLost(
           f"lost the lock {lease.path}: another run took this workdir over "
           f"({describe(lease.lost)}) after this one did not renew its lease within "
@@ -118,7 +118,7 @@ def hold(workdir: str, process_index: int = 0, lock_file: str | None = None) -> 
 
 
 def _hold_bucket(workdir: str, process_index: int, lock_file: str | None) -> Iterator[dict]:
-  from bert_jax.parallel import bucket_lock  # pylint: disable=import-outside-toplevel
+  from bert_jax.storage import bucket_lock  # pylint: disable=import-outside-toplevel
   path = Workdir(workdir).lock(process_index, lock_file)
 
   def in_use(holder: dict) -> WorkdirInUse:
