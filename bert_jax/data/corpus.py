@@ -26,10 +26,10 @@ from pydoc_data.topics import topics
 from bert_jax.data.corpus_files import (CONTROL_CHARS, CorpusStats, check_file, detect_format,
                                    file_documents)
 from bert_jax.errors import ConfigError, CorpusError
+from bert_jax.settings.data import FORMATS
 
 BUILTIN = "builtin"
 TFDS_PREFIX = "tfds:"
-FORMATS = ("auto", "plain", "tab")
 _TFDS_BATCH = 256
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")

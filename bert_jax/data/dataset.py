@@ -29,9 +29,9 @@ import json
 import os
 import shutil
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from bert_jax.data import corpus, prep_parts, prep_merge, prep_workers, prep_write, pretraining_data
+from bert_jax.data import corpus, prep_parts, prep_merge, prep_workers, prep_write
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.data.prep_store import (  # noqa: F401  (re-exported: the data's public names)
     HEADER, INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE, TOKENIZER_DIR, ExampleSource,
@@ -42,8 +42,8 @@ from bert_jax.data.prep_check import (  # noqa: F401
 from bert_jax.data import bpe
 from bert_jax.storage import fs, outputs
 
-if TYPE_CHECKING:  # data code takes its typed part of the settings, never a config
-  from bert_jax.settings import DataSettings
+from bert_jax.settings.data import DataSettings  # data code takes its part, never a config
+from bert_jax.settings.train import MIN_SEQ_LEN
 
 # Bump when the way examples are made or stored changes, so old caches are not reused.
 DATA_VERSION = 3  # 3: text that spells [CLS], [SEP], [MASK], [PAD] is ordinary pieces
@@ -123,9 +123,9 @@ def parts_count(c: DataSettings) -> int:
 def _checked_seq_lens(seq_lens: Sequence[int]) -> list[int]:
   seq_lens = sorted({int(l) for l in seq_lens})
   for l in seq_lens:
-    if l < pretraining_data.MIN_SEQ_LEN:
+    if l < MIN_SEQ_LEN:
       raise ConfigError(f"--config.train.seq_lens: {l} is too short; expected every seq_len "
-                        f">= {pretraining_data.MIN_SEQ_LEN}")
+                        f">= {MIN_SEQ_LEN}")
   return seq_lens
 
 

@@ -45,18 +45,17 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from bert_jax.errors import ConfigError
+from bert_jax.settings.data import OBJECTIVES
 
 IS_NEXT = 0
 NOT_NEXT = 1
 IN_ORDER, SWAPPED = 0, 1  # sentence-order labels ('mlm+sop'), stored like NSP's
 # What examples teach besides MLM (`config.objective`); the first is the default.
-OBJECTIVES = ("mlm+nsp", "mlm", "mlm+sop")
 # b_len of a one-segment span (objective 'mlm'): no B and no second [SEP]. The
 # pair formulas then give the single-segment layout unchanged: n = a_len + b_len
 # + 3 = a_len + 2 = n_a, so every segment id is 0.
 NO_SEGMENT_B = -1
 FEATURES = ("input_ids", "segment_ids", "input_mask", "next_sentence_label")
-MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] with room for a few tokens to mask
 
 
 class Batch(NamedTuple):

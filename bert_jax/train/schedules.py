@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import jax.numpy as jnp
 import optax
 
-from bert_jax.options import wsd_decay_start
+from bert_jax.settings.optimizer import SCHEDULES, wsd_decay_start as decay_start
 
 if TYPE_CHECKING:
   from bert_jax.settings import OptimizerSettings
@@ -49,7 +49,6 @@ def cosine(lr: float, warmup: int, num_steps: int, min_lr: float) -> optax.Sched
       end_value=min_lr)
 
 
-decay_start = wsd_decay_start  # the first step of a WSD schedule's decay (settings owns it)
 
 
 def wsd(lr: float, warmup: int, num_steps: int, decay_fraction: float, shape: str,
@@ -81,10 +80,16 @@ def make(s: OptimizerSettings) -> optax.Schedule:
   """`s.schedule` as an optax schedule (the settings were checked when made)."""
   lr, warmup, n = s.learning_rate, s.warmup_steps, s.num_steps
   min_lr = s.min_lr_ratio * lr
-  if s.schedule == "cosine":
-    return cosine(lr, warmup, n, min_lr)
-  if s.schedule == "wsd":
-    return wsd(lr, warmup, n, s.decay_fraction, s.decay_shape, min_lr)
-  if s.schedule == "inverse_sqrt":
-    return inverse_sqrt(lr, warmup)
-  return linear(lr, warmup, n)
+  return BUILDERS[s.schedule](s, lr, warmup, n, min_lr)
+
+
+# Each schedule settings/optimizer.SCHEDULES names, and how its settings build it (no
+# fallback: a name without a builder fails here, at import, not as a linear schedule).
+BUILDERS = {
+    "linear": lambda s, lr, warmup, n, min_lr: linear(lr, warmup, n),
+    "cosine": lambda s, lr, warmup, n, min_lr: cosine(lr, warmup, n, min_lr),
+    "wsd": lambda s, lr, warmup, n, min_lr: wsd(lr, warmup, n, s.decay_fraction,
+                                                 s.decay_shape, min_lr),
+    "inverse_sqrt": lambda s, lr, warmup, n, min_lr: inverse_sqrt(lr, warmup),
+}
+assert set(BUILDERS) == set(SCHEDULES), (sorted(BUILDERS), SCHEDULES)

@@ -31,7 +31,8 @@ from bert_jax.model import family as model_lib
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.model.config import BertConfig
-from bert_jax.data.pretraining_data import OBJECTIVES, Batch
+from bert_jax.data.pretraining_data import Batch
+from bert_jax.settings.data import OBJECTIVES
 from bert_jax.data.tokenizer import CLS, PAD, SPECIAL_TOKENS
 from bert_jax.settings import MaskingSettings, OptimizerSettings, Settings
 

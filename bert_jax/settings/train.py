@@ -1,0 +1,100 @@
+"""The rest of `config.train`: the batch, its accumulation and warm-up, the phases of
+sequence lengths, the NaN/inf limit and loss-spike rollback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bert_jax.errors import ConfigError
+from bert_jax.settings.checks import fail, is_int, positive_int
+
+MIN_SEQ_LEN = 8  # [CLS] a [SEP] b [SEP] plus room to mask something
+
+
+@dataclasses.dataclass(frozen=True)
+class SpikeSettings:
+  """`config.train.spike_rollback`: roll back when the loss spikes (train/spikes)."""
+  factor: float = 0.0  # 0: off
+  patience: int = 3
+  window: int = 100
+  max_rollbacks: int = 3
+
+  def __post_init__(self):
+    if not (isinstance(self.factor, (int, float)) and (self.factor == 0 or self.factor > 1)):
+      raise fail("train.spike_rollback.factor", self.factor, "0 (off) or a number > 1")
+    for name in ("patience", "window", "max_rollbacks"):
+      positive_int(f"train.spike_rollback.{name}", getattr(self, name))
+
+@dataclasses.dataclass(frozen=True)
+class BatchRampSettings:
+  """`config.train.batch_ramp`: the global batch grows from `start` to train.batch_size
+  over `steps` steps, in `stages` sizes (data/batch_ramp)."""
+  start: int = 0  # the global batch at step 0; 0: off (train.batch_size throughout)
+  steps: int = 0  # steps until train.batch_size
+  stages: int = 4  # sizes before train.batch_size, each for steps / stages steps
+
+  def __post_init__(self):
+    if not is_int(self.start) or self.start < 0:
+      raise fail("train.batch_ramp.start", self.start, "0 (off) or the first global batch")
+    if not is_int(self.steps) or self.steps < 0 or (self.start and not self.steps):
+      raise fail("train.batch_ramp.steps", self.steps, "a positive number of steps with "
+                 "--config.train.batch_ramp.start")
+    positive_int("train.batch_ramp.stages", self.stages)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """Steps [start, end) train at one sequence length."""
+  index: int
+  start: int  # first step (inclusive)
+  end: int  # last step (exclusive)
+  seq_len: int
+  max_predictions: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  """The rest of `config.train`: batch, accumulation, phases, the NaN/inf limit."""
+  batch_size: int
+  grad_accum_steps: int
+  max_consecutive_nonfinite: int
+  phases: tuple[Phase, ...]
+  spike: SpikeSettings = SpikeSettings()
+  ramp: BatchRampSettings = BatchRampSettings()
+
+  @property
+  def num_steps(self) -> int:
+    return self.phases[-1].end
+
+  @property
+  def seq_lens(self) -> list[int]:
+    return sorted({ph.seq_len for ph in self.phases})
+
+
+def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps: int,
+           max_positions: int) -> tuple[Phase, ...]:
+  """Splits `num_steps` into phases by fraction (the last one ends at num_steps)."""
+  fractions, seq_lens, preds = tuple(fractions), tuple(seq_lens), tuple(max_predictions)
+  if not (len(fractions) == len(seq_lens) == len(preds)) or not fractions:
+    raise ConfigError("--config.train.phase_fractions, seq_lens and max_predictions: expected "
+                      f"tuples of one equal length, got {fractions}, {seq_lens}, {preds}")
+  if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
+    raise fail("train.phase_fractions", fractions, "positive fractions summing to 1")
+  for name, values in (("seq_lens", seq_lens), ("max_predictions", preds)):
+    if not all(is_int(v) for v in values):
+      raise fail(f"train.{name}", values, "integers, e.g. '(128,512)'")
+  out, start, acc = [], 0, 0.0
+  for i, (f, seq_len, p) in enumerate(zip(fractions, seq_lens, preds)):
+    if seq_len > max_positions:
+      raise ConfigError(f"--config.train.seq_lens[{i}]={seq_len} is above --config.model."
+                        f"max_position_embeddings={max_positions}; expected at most that")
+    if seq_len < MIN_SEQ_LEN or not 0 < p <= seq_len:
+      raise ConfigError(f"--config.train.seq_lens[{i}]={seq_len}, max_predictions[{i}]={p}: "
+                        f"expected seq_len >= {MIN_SEQ_LEN} and 0 < max_predictions <= seq_len")
+    acc += f
+    end = num_steps if i == len(fractions) - 1 else int(round(acc * num_steps))
+    out.append(Phase(i, start, end, int(seq_len), int(p)))
+    start = end
+  # num_steps=0 (an evaluation of a continued run's source) keeps an empty first phase.
+  return tuple(ph for ph in out if ph.end > ph.start) or tuple(out[:1])
