@@ -200,6 +200,9 @@ def _train() -> ml_collections.ConfigDict:
   c.phase_fractions = (0.9, 0.1)  # fraction of num_steps in each phase
   c.seq_lens = (128, 512)  # sequence length of each phase
   c.max_predictions = (20, 80)  # masked positions per sequence in each phase
+  # ModernBERT's context extension inside one run: the global layers' RoPE base in each
+  # phase, e.g. (10000, 160000) with seq_lens (1024, 8192); () = model.global_rope_theta.
+  c.phase_rope_thetas = ()
   return c
 
 

@@ -8,10 +8,10 @@ answerdotai/ModernBERT's yamls) as bert-jax expresses it.
   warm-up from 768 to 4608 sequences over 50B tokens; warmup-stable-decay with a 1-sqrt
   decay; 1024-token rows, global and local RoPE theta 10,000.
 
-The context extension (8192 tokens, global RoPE theta 160,000) is the same config
-continued: `--config configs/modernbert_base.py --config.init_from=<this run>
---config.model.global_rope_theta=160000 --config.train.seq_lens='(8192,)' ...`
-(docs/modernbert.md). Differences from the published run: docs/deviations.md.
+The context extension (8192 tokens, global RoPE theta 160,000) is a later phase of the
+same run: `--config.train.seq_lens='(1024,8192)' --config.train.phase_rope_thetas=
+'(10000,160000)' ...`, or a second run through `init_from` (docs/modernbert.md).
+Differences from the published run: docs/deviations.md.
 """
 
 from bert_jax import default_config

@@ -235,3 +235,56 @@ def test_hf_config_round_trips():
   again = hf_modernbert.config_from_hf(back, "test")
   assert again == config
   assert os.path.basename(__file__)  # (a module-level file, for pytest's rewrite)
+
+
+# --- context extension inside one run (config.train.phase_rope_thetas) ---
+
+
+def _extension_settings(**extra):
+  from bert_jax import settings
+  import tiny_run
+  return settings.from_config(tiny_run.config(**{
+      "model.family": "modernbert", "objective": "mlm", "model.num_layers": 2,
+      "model.global_attn_every_n_layers": 2, "model.local_attention": 8,
+      "train.phase_fractions": (0.5, 0.5), "train.seq_lens": (32, 64),
+      "train.max_predictions": (5, 10), **extra}))
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"train.phase_rope_thetas": (10000.0,)}, "train.phase_rope_thetas"),  # one per phase
+    ({"train.phase_rope_thetas": (10000.0, 0.0)}, "train.phase_rope_thetas"),
+    ({"train.phase_rope_thetas": (10000.0, 160000.0), "model.family": "bert",
+      "objective": "mlm+nsp"}, "train.phase_rope_thetas"),  # learned positions: no base
+])
+def test_a_bad_phase_rope_base_is_one_line_naming_it(extra, field):
+  with pytest.raises(ConfigError) as e:
+    _extension_settings(**extra)
+  assert f"--config.{field}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_each_phase_applies_its_own_rope_base_to_the_same_parameters():
+  """A phase's steps apply the model with its base: the same parameters and batch give
+  another loss under 10000 than under 160000, and exactly the model's own under the
+  model's base (what a run without phase_rope_thetas applies)."""
+  from bert_jax.data.pretraining_data import Batch
+  from bert_jax.train.steps import make_steps
+  s = _extension_settings(**{"train.phase_rope_thetas": (10000.0, 160000.0)})
+  assert [ph.rope_theta for ph in s.train.phases] == [10000.0, 160000.0]
+  steps = make_steps(s, 300, [0, 1, 2, 3, 4], 4)
+  assert steps.config_at(0).global_rope_theta == 10000.0
+  assert steps.config_at(1) == steps.bert_config  # 160000: default_config's base
+  params, _ = steps.init_state()
+  # Sharper attention than at initialisation (scores ~0.05 there: nearly uniform, so
+  # any rotation gives the same loss to float32's digits): queries and keys x 30.
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x * 30 if "Wqkv" in jax.tree_util.keystr(path) else x, params)
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, 300, (8, 64)).astype(np.int32)
+  ids[:, 0] = 2
+  batch = Batch(input_ids_BxL=ids, segment_ids_BxL=np.zeros_like(ids),
+                input_mask_BxL=np.ones_like(ids), next_sentence_label_B=np.zeros(8, np.int32),
+                example_mask_B=np.ones(8, np.float32))
+  loss = {theta: steps.evaluate(params, [batch], 10, rope_theta=theta)["mlm_loss"]
+          for theta in (0.0, 10000.0, 160000.0)}
+  assert loss[160000.0] == loss[0.0]
+  assert abs(loss[10000.0] - loss[160000.0]) > 1e-6

@@ -1,7 +1,9 @@
 """Whole ModernBERT runs (`model.family='modernbert'`): packed two-phase pre-training
-resumes bit for bit after kill -9 inside each phase and at the boundary; 2 processes x 4
-devices equal 1 process x 8; and an export to transformers' classes, read back through
-`init_from`, evaluates to exactly what the run ended with."""
+whose second phase extends the context (a larger global RoPE base, as ModernBERT's
+recipe does) resumes bit for bit after kill -9 inside each phase and at the boundary;
+2 processes x 4 devices equal 1 process x 8; each checkpoint records the base it was
+trained with; and an export to transformers' classes, read back through `init_from`,
+evaluates to exactly what the run ended with."""
 
 import json
 import os
@@ -22,7 +24,10 @@ MODERN = {"model.family": "modernbert", "objective": "mlm", "data.packing": True
           "model.num_layers": 2, "model.global_attn_every_n_layers": 2,
           "model.local_attention": 8, "model.layer_norm_eps": 1e-5,
           "masking.mask_prob": 0.3, "train.optimizer": "stable_adamw",
-          "train.schedule": "wsd", "train.decay_fraction": 0.25, "train.max_grad_norm": 0.0}
+          "train.schedule": "wsd", "train.decay_fraction": 0.25, "train.max_grad_norm": 0.0,
+          # The context extension inside the run: phase 1 trains with the base
+          # (default_config's model.global_rope_theta, 160000) that the export carries.
+          "train.phase_rope_thetas": (10000.0, 160000.0)}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +84,8 @@ def test_an_export_continued_through_init_from_starts_where_the_run_ended(base, 
   continued = str(base / "continued")
   # One phase at the reference's last length: its step-0 evaluation is the same batch.
   proc = soak_kill.run_to_end(_args(base, continued, steps=4, phases=1, **{
-      "init_from": hf_dir, "data.cache_dir": str(base / "prepared_continued")}),
+      "init_from": hf_dir, "data.cache_dir": str(base / "prepared_continued"),
+      "train.phase_rope_thetas": ()}),
                               soak_kill.subprocess_env(str(base / "xla")))
   assert "init_from: encoder imported; MLM head (cls.predictions.*) imported" in proc.stdout
 
@@ -88,3 +94,14 @@ def test_an_export_continued_through_init_from_starts_where_the_run_ended(base, 
       return {r["step"]: r for r in map(json.loads, f) if r["split"] == "eval"}
   ended, started = evals(reference)[STEPS], evals(continued)[0]
   assert started["mlm_loss"] == pytest.approx(ended["mlm_loss"], abs=1e-5)
+
+
+def test_each_checkpoint_records_the_rope_base_its_phase_trained_with(reference):
+  """Steps 4 and 8 (phase 0, its end included) were trained with base 10000, 12 and 16
+  with 160000: features and exports of a step apply the base it was trained with."""
+  from bert_jax.io import checkpointing
+  from bert_jax.storage.workdir import Workdir
+  want = {4: 10000.0, 8: 10000.0, 12: 160000.0, 16: 160000.0}
+  got = {step: checkpointing.restore_params(Workdir(reference).checkpoints, step=step)[1][
+      "model_config"]["global_rope_theta"] for step in want}
+  assert got == want

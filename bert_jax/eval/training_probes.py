@@ -58,10 +58,13 @@ class RunProbes:
   def describe(metrics: dict[str, float]) -> str:
     return describe(metrics)
 
-  def run(self, params: Any) -> dict[str, float]:
-    """{"<task>/<metric>": value, "<task>/num_eval": n, ...} of `params` (a pre-training tree)."""
+  def run(self, params: Any, config: Optional[BertConfig] = None) -> dict[str, float]:
+    """{"<task>/<metric>": value, "<task>/num_eval": n, ...} of `params` (a pre-training tree).
+    `config`: the model as the current phase trains it (its RoPE base), if not the run's."""
     start = time.perf_counter()
     encoder = params["bert"] if "bert" in params else params
+    if config is not None and config != self.config:  # a phase with another RoPE base
+      self.config, self._extractor = config, None
     if self._extractor is None:
       dtype = "bfloat16" if self.config.dtype == "bfloat16" else "float32"
       self._extractor = Extractor(encoder, self.config, self.tokenizer, dtype=dtype,

@@ -238,10 +238,11 @@ class Planner:
     t = time.perf_counter()
     try:
       if kind == "train":
-        lowered = st.train_step_fn(ph.max_predictions).lower(
+        lowered = st.train_step_fn(ph.max_predictions, ph.rope_theta).lower(
             st.abstract_params, st.abstract_opt_state, scalar, batch)
       else:
-        lowered = st.eval_step_fn(ph.max_predictions).lower(st.abstract_params, scalar, batch)
+        lowered = st.eval_step_fn(ph.max_predictions, ph.rope_theta).lower(
+            st.abstract_params, scalar, batch)
       compiled = lowered.compile()
     except Exception as e:  # XlaRuntimeError: RESOURCE_EXHAUSTED and the like
       plan.compile_seconds = time.perf_counter() - t

@@ -76,6 +76,9 @@ def _check_model_with_recipe(c: ml_collections.ConfigDict, model: BertConfig,
   if model.attention_kernel == "splash" and any(l % 128 for l in c.train.seq_lens):
     raise fail("train.seq_lens", tuple(c.train.seq_lens), "multiples of 128 with "
                 "--config.model.attention_kernel='splash' (its blocks are TPU tiles of 128)")
+  if model.family != "modernbert" and tuple(c.train.get("phase_rope_thetas", ())):
+    raise fail("train.phase_rope_thetas", tuple(c.train.phase_rope_thetas), "() with "
+               f"--config.model.family={model.family!r} (learned positions have no RoPE base)")
   if model.family == "modernbert" and c.get("objective", "mlm+nsp") != "mlm":
     raise fail("objective", c.get("objective", "mlm+nsp"), "'mlm' with --config.model.family="
                 "'modernbert' (it has no next-sentence or sentence-order head)")
@@ -139,7 +142,7 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
       batch_size=t.batch_size, grad_accum_steps=t.grad_accum_steps,
       max_consecutive_nonfinite=t.max_consecutive_nonfinite,
       phases=phases(t.phase_fractions, t.seq_lens, t.max_predictions, t.num_steps,
-                    max_positions),
+                    max_positions, t.get("phase_rope_thetas", ())),
       spike=SpikeSettings(**t.get("spike_rollback", ml_collections.ConfigDict()).to_dict()),
       ramp=BatchRampSettings(**t.get("batch_ramp", ml_collections.ConfigDict()).to_dict()))
   if train.ramp.start and not train.ramp.start < t.batch_size:

@@ -51,6 +51,7 @@ class Phase:
   end: int  # last step (exclusive)
   seq_len: int
   max_predictions: int
+  rope_theta: float = 0.0  # the global layers' RoPE base in this phase (0: the model's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +74,10 @@ class TrainSettings:
 
 
 def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps: int,
-           max_positions: int) -> tuple[Phase, ...]:
+           max_positions: int, rope_thetas: tuple = ()) -> tuple[Phase, ...]:
   """Splits `num_steps` into phases by fraction (the last one ends at num_steps)."""
   fractions, seq_lens, preds = tuple(fractions), tuple(seq_lens), tuple(max_predictions)
+  thetas = _rope_thetas(tuple(rope_thetas), len(fractions))
   if not (len(fractions) == len(seq_lens) == len(preds)) or not fractions:
     raise ConfigError("--config.train.phase_fractions, seq_lens and max_predictions: expected "
                       f"tuples of one equal length, got {fractions}, {seq_lens}, {preds}")
@@ -94,7 +96,18 @@ def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps:
                         f"expected seq_len >= {MIN_SEQ_LEN} and 0 < max_predictions <= seq_len")
     acc += f
     end = num_steps if i == len(fractions) - 1 else int(round(acc * num_steps))
-    out.append(Phase(i, start, end, int(seq_len), int(p)))
+    out.append(Phase(i, start, end, int(seq_len), int(p), thetas[i]))
     start = end
   # num_steps=0 (an evaluation of a continued run's source) keeps an empty first phase.
   return tuple(ph for ph in out if ph.end > ph.start) or tuple(out[:1])
+
+
+def _rope_thetas(thetas: tuple, n: int) -> tuple[float, ...]:
+  """`config.train.phase_rope_thetas` as one float per phase (0.0: the model's)."""
+  if not thetas:
+    return (0.0,) * n
+  if len(thetas) != n or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                 and 0 < t < float("inf") for t in thetas):
+    raise fail("train.phase_rope_thetas", thetas, f"() or {n} positive numbers, one per phase "
+               "(the global layers' RoPE base, e.g. (10000, 160000))")
+  return tuple(float(t) for t in thetas)

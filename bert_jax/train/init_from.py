@@ -287,5 +287,5 @@ def log_start(loop, reporter, fresh_heads: tuple = ()) -> dict:
                  f"{'was' if one else 'were'} freshly initialised (not in the source), so "
                  f"{'its accuracy is' if one else 'their accuracies are'} of random weights, "
                  "not of the source")
-  loop.probe(0)
+  loop.probe(0, loop.s.train.phases[0])
   return ev

@@ -112,17 +112,18 @@ class TrainLoop:
   def evaluate(self, phase: Phase) -> dict:
     t0 = time.perf_counter()
     ev = self.steps.evaluate(self.state.params, self.eval_batches(phase),
-                             phase.max_predictions, self.s.run.eval_batches)
+                             phase.max_predictions, self.s.run.eval_batches, phase.rope_theta)
     self.eval_s += time.perf_counter() - t0
     self.hooks.on_time("eval", time.perf_counter() - t0)
     return ev
 
-  def probe(self, step: int) -> None:
-    """Probes the current parameters (config.probe.tasks) and logs them as step `step`."""
+  def probe(self, step: int, phase: Phase) -> None:
+    """Probes the current parameters (config.probe.tasks), as `phase` applies them, and
+    logs them as step `step`."""
     if not self.probes:
       return
     t0 = time.perf_counter()
-    m = self.probes.run(self.state.params)
+    m = self.probes.run(self.state.params, self.steps.config_at(phase.index))
     self.hooks.on_time("eval", time.perf_counter() - t0)
     self.reporter.write("probe", step, m)
     console.log(f"probe @ {step}: {self.probes.describe(m)}")
@@ -164,7 +165,7 @@ class TrainLoop:
 
   def _train_phase(self, phase: Phase, bar: tqdm) -> None:
     st, it = self.state, self._iterator(phase)
-    step_fn = self.steps.train_step_fn(phase.max_predictions)
+    step_fn = self.steps.train_step_fn(phase.max_predictions, phase.rope_theta)
     console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
                 f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
     self._pending, self._observed = [], 0
@@ -202,7 +203,7 @@ class TrainLoop:
     args = (st.params, st.opt_state, jnp.int32(st.step), batch)
     with self.hooks.step_scope(st.step, run.first):
       if run.first:  # the plan of the memory this step needs, beside what it uses
-        self._planned = self.steps.memory_plan(phase.max_predictions, *args)
+        self._planned = self.steps.memory_plan(step_fn, *args)
       st.params, st.opt_state, metrics = step_fn(*args)
     st.step += 1
     self.hooks.after_step(st.step, metrics)
@@ -339,7 +340,7 @@ class TrainLoop:
     ev = self._after_eval(self.evaluate(phase))
     self.reporter.write("eval", self.state.step, ev)
     console.log(f"eval @ {self.state.step}: {describe_eval(ev)}")
-    self.probe(self.state.step)
+    self.probe(self.state.step, phase)
 
   def _check_nonfinite(self, streak: float) -> None:
     limit = self.s.train.max_consecutive_nonfinite
@@ -356,7 +357,7 @@ class TrainLoop:
       self._save(last, 0)
     ev = self._after_eval(self.evaluate(last))
     self.reporter.write("eval", self.state.step, ev)
-    self.probe(self.state.step)
+    self.probe(self.state.step, last)
     return ev
 
 

@@ -222,8 +222,10 @@ class RunCheckpoints:
         meta=checkpointing.ocp.args.JsonRestore()))["meta"]
     if not isinstance(meta, dict):
       raise ValueError(f"meta is a {type(meta).__name__}, not a JSON object")  # damaged
-    check_resume_compatible(meta, self.steps.bert_config, self.ckpt_dir,
-                            self.meta_base.get("vocab"))
+    # Its model as of its phase (a phase may train with its own RoPE base).
+    phase = meta.get("phase", 0)
+    check_resume_compatible(meta, self.steps.config_at(phase if isinstance(phase, int) else 0),
+                            self.ckpt_dir, self.meta_base.get("vocab"))
     check_same_recipe(meta.get("config", {}), self.meta_base.get("config", {}), self.ckpt_dir)
     rng = jax.ShapeDtypeStruct(self.rng_data.shape, self.rng_data.dtype,
                                sharding=sharding.replicated(self.steps.mesh))
@@ -245,6 +247,7 @@ class RunCheckpoints:
       checkpointing.save(self.mngr, state.step, state.params,
                          {"opt_state": state.opt_state, "rng": self.rng_data},
                          {**self.meta_base, "step": state.step, "phase": phase.index,
+                          "model_config": self.steps.config_at(phase.index).to_dict(),
                           "data_position": position, "spike": state.spike})
     except Exception as e:  # pylint: disable=broad-except
       raise self._write_error(state.step, e) from e

@@ -16,6 +16,7 @@ Shape legend: B global batch, L sequence length, P max predictions, A gradient
 accumulation steps, b = B / A micro-batch, V padded vocabulary.
 """
 
+import dataclasses
 from typing import Any, Callable, Iterable, Optional
 
 import flax.linen as nn
@@ -48,13 +49,18 @@ class TrainSteps:
                masking_settings: MaskingSettings, special_ids: list[int], mask_id: int,
                mesh: Mesh, param_sharding: str = "replicated", grad_accum_steps: int = 1,
                seed: int = 0, is_continuation_V: Optional[np.ndarray] = None,
-               objective: str = "mlm+nsp", packed: bool = False):
+               objective: str = "mlm+nsp", packed: bool = False,
+               phase_thetas: tuple = ()):
     if objective not in HEAD_TASK:
       raise ConfigError(f"--config.objective={objective!r}: expected one of "
                         f"{', '.join(OBJECTIVES)}")
     self.head_task = HEAD_TASK[objective]
     self.bert_config = bert_config
     self.model = family.pretraining_model(bert_config)
+    # ModernBERT's context extension: the global RoPE base of each phase (() or 0: the
+    # model's). The parameters are the same in every phase; only the model applied differs.
+    self.phase_thetas = tuple(phase_thetas)
+    self._models = {0.0: self.model}
     self.tx, self.schedule = optim.make_optimizer(optimizer)
     self.mesh = mesh
     # The platform the steps are compiled for (a TPU mesh on a CPU host is TPU).
@@ -110,13 +116,30 @@ class TrainSteps:
         special_ids=self.special_ids, max_predictions=max_predictions,
         mask_prob=self.mask_prob, is_continuation_V=self.is_continuation)
 
-  def _sums(self, params, batch: Batch, masked, dropout_key, deterministic):
+  def config_at(self, phase_index: int) -> BertConfig:
+    """The model config phase `phase_index` trains (its RoPE base; what its checkpoints'
+    meta records, so features and exports of a step use the base it was trained with)."""
+    theta = self.phase_thetas[min(phase_index, len(self.phase_thetas) - 1)] if (
+        self.phase_thetas) else 0.0
+    return self._config_with(theta)
+
+  def _config_with(self, rope_theta: float) -> BertConfig:
+    if not rope_theta:
+      return self.bert_config
+    return dataclasses.replace(self.bert_config, global_rope_theta=float(rope_theta))
+
+  def _model_for(self, rope_theta: float):
+    if rope_theta not in self._models:
+      self._models[rope_theta] = family.pretraining_model(self._config_with(rope_theta))
+    return self._models[rope_theta]
+
+  def _sums(self, params, batch: Batch, masked, dropout_key, deterministic, rope_theta=0.0):
     documents_BxL = None
     if self.cls_id is not None:  # from the ids before masking: it may draw [CLS] at random
       documents_BxL = jnp.cumsum(batch.input_ids_BxL == self.cls_id, axis=1, dtype=jnp.int32)
     # The mixed dots' layout; splash's shard_map over the step's mesh.
     with precision.target_platform(self.platform), splash.sharded_over(self.mesh):
-      out = self.model.apply(
+      out = self._model_for(rope_theta).apply(
           {"params": params}, masked.ids_BxL, batch.segment_ids_BxL, batch.input_mask_BxL,
           masked.positions_BxP, deterministic=deterministic, documents_BxL=documents_BxL,
           rngs=None if deterministic else {"dropout": dropout_key})
@@ -124,10 +147,10 @@ class TrainSteps:
             losses.nsp_sums(out.nsp_logits_Bx2, batch.next_sentence_label_B,
                             batch.example_mask_B))
 
-  def _grads(self, params, batch: Batch, masked, dropout_key, mlm_n, nsp_n):
+  def _grads(self, params, batch: Batch, masked, dropout_key, mlm_n, nsp_n, rope_theta):
     """(loss, (mlm, nsp)), grads of the whole batch, accumulated over A micro-batches."""
     def loss_fn(p, micro, m, k):
-      mlm, nsp = self._sums(p, micro, m, k, deterministic=False)
+      mlm, nsp = self._sums(p, micro, m, k, deterministic=False, rope_theta=rope_theta)
       if self.head_task is None:  # 'mlm': the head's loss is computed but not trained on
         return mlm.loss / mlm_n, (mlm, nsp)
       return mlm.loss / mlm_n + nsp.loss / nsp_n, (mlm, nsp)
@@ -150,10 +173,11 @@ class TrainSteps:
     (loss, (mlm, nsp), grads), _ = jax.lax.scan(body, zero, (jnp.arange(accum), micro_all))
     return (loss, (mlm, nsp)), grads
 
-  def train_step_fn(self, max_predictions: int) -> Callable:
+  def train_step_fn(self, max_predictions: int, rope_theta: float = 0.0) -> Callable:
     """The jitted step for one phase: (params, opt_state, step, batch) -> new state, metrics."""
-    if max_predictions in self._steps:
-      return self._steps[max_predictions]
+    key = ("train", max_predictions, rope_theta)
+    if key in self._steps:
+      return self._steps[key]
 
     def step_fn(params, opt_state, step, batch: Batch):
       key = jax.random.fold_in(self.train_key, step)
@@ -163,7 +187,8 @@ class TrainSteps:
       masked = self._mask(mask_key, batch, max_predictions)
       mlm_n = jnp.maximum(masked.weights_BxP.sum(), 1.0)
       nsp_n = float(batch.input_ids_BxL.shape[0])
-      (loss, (mlm, nsp)), grads = self._grads(params, batch, masked, dropout_key, mlm_n, nsp_n)
+      (loss, (mlm, nsp)), grads = self._grads(params, batch, masked, dropout_key, mlm_n, nsp_n,
+                                              rope_theta)
       # A non-finite loss or gradient yields a zero update and keeps the
       # optimizer state (optim.skip_nonfinite): the step changes nothing.
       updates, opt_state = self.tx.update(grads, opt_state, params, loss=loss)
@@ -182,14 +207,15 @@ class TrainSteps:
     jitted = jax.jit(step_fn, in_shardings=(self.param_shardings, self.opt_shardings, rep, bs),
                      out_shardings=(self.param_shardings, self.opt_shardings, rep),
                      donate_argnums=(0, 1))
-    self._steps[max_predictions] = jitted
+    self._steps[key] = jitted
     return jitted
 
-  def memory_plan(self, max_predictions: int, *args) -> Optional[int]:
-    """Bytes per device XLA plans for the train step on these arguments (what
+  @staticmethod
+  def memory_plan(step_fn: Callable, *args) -> Optional[int]:
+    """Bytes per device XLA plans for the jitted `step_fn` on these arguments (what
     `python -m bert_jax.plan` reports for the config). Compiled ahead of time here, the
     jitted step's next call finds the executable in JAX's cache: it costs a trace."""
-    return planned_bytes(self.train_step_fn(max_predictions).lower(*args).compile())
+    return planned_bytes(step_fn.lower(*args).compile())
 
   def _head_sums(self, sums: losses.Sums, f: Callable = lambda x: x) -> dict:
     """The 2-way head's sums named by its task (nsp_* or sop_*); none for 'mlm'."""
@@ -206,8 +232,8 @@ class TrainSteps:
           [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(p)])))
     return bool(self._steps["finite"](params))
 
-  def eval_step_fn(self, max_predictions: int) -> Callable:
-    key = ("eval", max_predictions)
+  def eval_step_fn(self, max_predictions: int, rope_theta: float = 0.0) -> Callable:
+    key = ("eval", max_predictions, rope_theta)
     if key in self._steps:
       return self._steps[key]
     vocab = self.bert_config.padded_vocab_size
@@ -215,7 +241,8 @@ class TrainSteps:
     def step_fn(params, index, batch: Batch):
       masked = self._mask(jax.random.fold_in(self.eval_key, index), batch,
                           max_predictions)
-      mlm, nsp = self._sums(params, batch, masked, None, deterministic=True)
+      mlm, nsp = self._sums(params, batch, masked, None, deterministic=True,
+                            rope_theta=rope_theta)
       # Label histogram: the best constant guess is the chance level to beat.
       hist_V = jnp.zeros(vocab, jnp.float32).at[masked.labels_BxP].add(masked.weights_BxP)
       return {"mlm_loss": mlm.loss, "mlm_correct": mlm.correct, "mlm_count": mlm.count,
@@ -228,8 +255,8 @@ class TrainSteps:
     return jitted
 
   def evaluate(self, params, batches: Iterable[Batch], max_predictions: int,
-               max_batches: int = 0) -> dict:
-    step = self.eval_step_fn(max_predictions)
+               max_batches: int = 0, rope_theta: float = 0.0) -> dict:
+    step = self.eval_step_fn(max_predictions, rope_theta)
     total = None
     for i, local in enumerate(batches):
       if max_batches and i >= max_batches:
@@ -279,4 +306,6 @@ def make_steps(s: Settings, vocab_size: int, special_ids: list[int], mask_id: in
     sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
   return TrainSteps(s.model_config(vocab_size), s.optimizer, s.masking, special_ids, mask_id,
                     mesh, s.mesh.param_sharding, s.train.grad_accum_steps, s.run.seed,
-                    is_continuation_V, objective=s.objective, packed=s.data.packing)
+                    is_continuation_V, objective=s.objective, packed=s.data.packing,
+                    phase_thetas=tuple(ph.rope_theta for ph in s.train.phases)
+                    if any(ph.rope_theta for ph in s.train.phases) else ())
