@@ -217,37 +217,48 @@ def wait_for_step(proc: subprocess.Popen, workdir: str, step: int,
     time.sleep(0.005)
 
 
+def kill_once(start: Callable[[], subprocess.Popen],
+              wait: Callable[[subprocess.Popen], None]) -> bool:
+  """The one kill -9 of the tests: a run from `start()`, SIGKILLed once `wait(proc)`
+  returns (if it is still running); never left behind. Returns whether it was killed."""
+  proc = start()
+  try:
+    wait(proc)
+    killed = proc.poll() is None
+    if killed:
+      proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  return killed
+
+
 def kill_after_steps(start: Callable[[], subprocess.Popen], workdir: str,
                      steps: Sequence[int]) -> None:
   """For each of `steps`: a run from `start()`, SIGKILLed once it has logged that step."""
   for at in steps:
-    proc = start()
-    try:
-      wait_for_step(proc, workdir, at)
-      proc.send_signal(signal.SIGKILL)
-      proc.wait()
-    finally:
-      if proc.poll() is None:
-        proc.kill()
+    kill_once(start, lambda proc, at=at: wait_for_step(proc, workdir, at))
 
 
 def kill_after_checkpoints(start: Callable[[], subprocess.Popen], workdir: str,
-                           checkpoints: Sequence[int], rng: random.Random) -> None:
+                           checkpoints: Sequence[int], rng: random.Random,
+                           note: str = "") -> list[int]:
   """For each of `checkpoints`: a run from `start()`, SIGKILLed at a random moment just
-  after that checkpoint is complete (each resumes from the one before)."""
+  after that checkpoint is complete (each resumes from the one before). Returns the
+  newest complete checkpoint after each kill (what the next run resumed from)."""
+  def just_after(proc: subprocess.Popen, ckpt: int) -> None:
+    while proc.poll() is None and ckpt not in complete_steps(workdir):
+      sleep(0.002)
+    sleep(rng.uniform(0.0, 0.03))
+    assert proc.poll() is None, f"{note}train.py ended before checkpoint {ckpt}"
+
+  newest = []
   for ckpt in checkpoints:
-    proc = start()
-    try:
-      while proc.poll() is None and ckpt not in complete_steps(workdir):
-        sleep(0.002)
-      sleep(rng.uniform(0.0, 0.03))
-      assert proc.poll() is None, f"train.py ended before checkpoint {ckpt}"
-      proc.send_signal(signal.SIGKILL)
-      proc.wait()
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    kill_once(start, lambda proc, ckpt=ckpt: just_after(proc, ckpt))
+    newest.append(complete_steps(workdir)[-1])
+  return newest
 
 
 def wait_for_tmp_dir(proc: subprocess.Popen, workdir: str) -> None:
@@ -273,22 +284,16 @@ def run_and_kill(args: list[str], env: dict, workdir: str, mode: str,
   """Starts train.py and SIGKILLs it at a moment chosen by `mode`."""
   target = logged_steps(workdir) + rng.randint(1, 6)
   delay = rng.uniform(0.0, 0.3)
-  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
+
+  def wait(proc: subprocess.Popen) -> None:
     wait_for_step(proc, workdir, target)
     if mode == "mid-save":
       wait_for_tmp_dir(proc, workdir)
     else:
       time.sleep(delay)
-    killed = proc.poll() is None
-    if killed:
-      proc.send_signal(signal.SIGKILL)
-    proc.wait()
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+  killed = kill_once(lambda: subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), wait)
   steps = complete_steps(workdir)
   return Kill(mode, killed, logged_steps(workdir), tmp_dirs(workdir),
               steps[-1] if steps else None)

@@ -313,25 +313,23 @@ def test_kill_9_mid_save_and_anywhere_then_resume_on_a_bucket_equals_the_local_r
   env = {**soak_kill.subprocess_env(str(vm / "xla")), "BERT_JAX_LOCK_LEASE_S": "2"}
   args = _gcs_args("gs://bkt/killed-run", str(vm / "prepared"))
   mirror = _mirror(server, "killed-run")
+  start = lambda: subprocess.Popen(  # noqa: E731
+      [sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+  def wait(proc, kill: str) -> None:
+    soak_kill.wait_for_step(proc, mirror, soak_kill.logged_steps(mirror) + rng.randint(1, 4))
+    if kill == "mid-save":  # a step folder without Orbax's commit file: a save under way
+      ckpt = os.path.join(mirror, "checkpoints")
+      while proc.poll() is None and not any(
+          n.isdigit() and not os.path.exists(os.path.join(ckpt, n, "commit_success.txt"))
+          for n in (os.listdir(ckpt) if os.path.isdir(ckpt) else ())):
+        time.sleep(0.002)
+    else:
+      time.sleep(rng.uniform(0.0, 0.3))
+
   for kill in ("mid-save", "random", "mid-save"):
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-      soak_kill.wait_for_step(proc, mirror, soak_kill.logged_steps(mirror) + rng.randint(1, 4))
-      if kill == "mid-save":  # a step folder without Orbax's commit file: a save under way
-        ckpt = os.path.join(mirror, "checkpoints")
-        while proc.poll() is None and not any(
-            n.isdigit() and not os.path.exists(os.path.join(ckpt, n, "commit_success.txt"))
-            for n in (os.listdir(ckpt) if os.path.isdir(ckpt) else ())):
-          time.sleep(0.002)
-      else:
-        time.sleep(rng.uniform(0.0, 0.3))
-      proc.send_signal(signal.SIGKILL)
-      proc.wait()
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    soak_kill.kill_once(start, lambda proc, kill=kill: wait(proc, kill))
     shutil.rmtree(vm, ignore_errors=True)  # the spot VM is gone with its disk
     time.sleep(2.5)  # the dead run's lease expires
   last = soak_kill.run_to_end(args, env)

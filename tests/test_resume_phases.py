@@ -19,7 +19,6 @@ train row of metrics.jsonl:
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -103,22 +102,11 @@ def test_sigkill_after_every_checkpoint_of_every_phase_ends_exact(base, referenc
                              **_extra(phases))
   env = soak_kill.subprocess_env(compile_cache)
   train = [sys.executable, os.path.join(ROOT, "train.py"), *args]
-  resumed_from = []
-  for ckpt in _checkpoints_inside_and_at_boundaries(phases):
-    proc = subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-      while proc.poll() is None and ckpt not in soak_kill.complete_steps(workdir):
-        soak_kill.sleep(0.002)
-      soak_kill.sleep(rng.uniform(0.0, 0.03))  # a random moment shortly after it
-      assert proc.poll() is None, f"seed {seed}: train.py ended before checkpoint {ckpt}"
-      proc.send_signal(signal.SIGKILL)
-      proc.wait()
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    resumed_from.append(soak_kill.complete_steps(workdir)[-1])
+  start = lambda: subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,  # noqa: E731
+                                   stderr=subprocess.DEVNULL)
+  # Killed at a random moment shortly after each checkpoint.
+  resumed_from = soak_kill.kill_after_checkpoints(
+      start, workdir, _checkpoints_inside_and_at_boundaries(phases), rng, f"seed {seed}: ")
   last = soak_kill.run_to_end(args, env)
   assert soak_kill.resumed_step(last.stdout) == resumed_from[-1]
   msg = f"seed {seed}: killed with newest checkpoints {resumed_from}"
