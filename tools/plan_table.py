@@ -1,4 +1,7 @@
-"""The README's "Plan a TPU run" table: BERT-Base and BERT-Large on four TPU slices.
+"""The README's "Plan a TPU run" table: BERT-Base and BERT-Large on four TPU slices,
+and ModernBERT-Base and -Large at 1024 and 8192 tokens (`--models
+modernbert-base,modernbert-large`: their config with the context extension as a second
+phase, 8192 tokens at global RoPE theta 160,000, docs/modernbert.md).
 
   python tools/plan_table.py                       # all 16 rows, then the table
   python tools/plan_table.py --models large --topologies v4-8 --phases 1   # one row again
@@ -41,7 +44,14 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-MODELS = {"base": ("BERT-Base", "configs/base.py"), "large": ("BERT-Large", "configs/large.py")}
+# ModernBERT's two lengths as the phases of one run: 1024 tokens, then the context
+# extension at 8192 (30% of a full row masked, with room for chance, as the configs).
+EXTENDED = {"train.phase_fractions": (0.9, 0.1), "train.seq_lens": (1024, 8192),
+            "train.max_predictions": (315, 2464), "train.phase_rope_thetas": (10000.0, 160000.0)}
+MODELS = {"base": ("BERT-Base", "configs/base.py", {}),
+          "large": ("BERT-Large", "configs/large.py", {}),
+          "modernbert-base": ("ModernBERT-Base", "configs/modernbert_base.py", EXTENDED),
+          "modernbert-large": ("ModernBERT-Large", "configs/modernbert_large.py", EXTENDED)}
 TOPOLOGIES = ("v4-8", "v5e-8", "v5p-8", "v6e-8")
 GIB = 1024**3
 # libtpu's compile: one compile thread keeps the peak host memory of a big step down.
@@ -52,12 +62,14 @@ HEADER = ("| model | phase (L, P) | slice | devices | batch / device | memory / 
           "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def load_config(path: str):
+def load_config(path: str, overrides: dict | None = None):
   import importlib.util
   spec = importlib.util.spec_from_file_location("plan_table_config", os.path.join(ROOT, path))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  config = module.get_config()
+  config.update_from_flattened_dict(dict(overrides or {}))
+  return config
 
 
 def row_keys(args) -> list:
@@ -77,7 +89,7 @@ def compile_row(model: str, topo_name: str, phase: int, search: bool, max_compil
   devices = topology.devices(topo)  # before JAX picks a backend
   from bert_jax import settings as settings_lib
   from bert_jax.planner import plan as plan_lib, plan_report
-  s = settings_lib.from_config(load_config(MODELS[model][1]))
+  s = settings_lib.from_config(load_config(*MODELS[model][1:]))
   log = lambda m: print(m, file=sys.stderr, flush=True)
   p = plan_lib.Planner(s, devices, s.data.vocab_size, topo.hbm_bytes_per_device, log)
   ph = next(x for x in p.s.train.phases if x.index == phase)
