@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from tools import ab_step, bench, cases
+from tools import ab_step, bench, cases, compare_families
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -55,9 +55,16 @@ def _lease(tmp_path: pathlib.Path, *args: str, **env: str) -> tuple[list[list[st
 def test_every_step_runs_in_priority_order_with_arguments_its_tool_accepts(
     tmp_path, monkeypatch, mode):
   calls, out = _lease(tmp_path, *mode)
-  assert [c[:2] for c in calls] == [["-m", "pytest"], ["-m", "tools.bench"],
-                                    ["tools/ab_step.py", "--case"]]
-  assert "cudnn" in calls[0]
+  smoke, calls = calls[0], calls[1:]
+  assert smoke[0] == "train.py" and "--config.train.num_steps=3" in smoke
+  assert [c[:2] for c in calls] == [["-m", "pytest"], ["tools/ab_step.py", "--case"],
+                                    ["tools/compare_families.py", "--seconds"],
+                                    ["-m", "tools.bench"], ["tools/ab_step.py", "--case"]]
+  pytest_args = calls[0]
+  selected = pytest_args[pytest_args.index("-k") + 1]
+  assert "tests/test_cudnn.py" in pytest_args and selected == ("on_a_gpu" if not mode else "cudnn")
+  families = compare_families.parse_args(calls[2][1:])
+  assert families.out == str(out / "families_gpu.txt") and families.seconds > 0
   # The bench command passes every check of its command line and reaches the run.
   reached = []
 
@@ -66,20 +73,21 @@ def test_every_step_runs_in_priority_order_with_arguments_its_tool_accepts(
     raise SystemExit(0)  # the real run is minutes
   monkeypatch.setattr(bench, "run_benchmark", run_benchmark)
   with pytest.raises(SystemExit):
-    bench.main(calls[1][2:])
+    bench.main(calls[3][2:])
   assert reached and reached[0][0][0] == "train_base_128" and reached[0][1][0] == "ours"
-  ab = calls[2][1:]
-  case = ab[ab.index("--case") + 1]
-  assert cases.find(case).kind == "train"
-  variants = [a for a in ab if "=" in a and not a.startswith("-")]
-  assert len(variants) == 2 and all(ab_step.parse_variant(v) for v in variants)
   kernel = "cudnn" if not mode else "jax"
-  assert ab_step.parse_variant(variants[1])["model.attention_kernel"] == kernel
+  for ab, n in ((calls[1][1:], 3), (calls[4][1:], 2)):
+    case = ab[ab.index("--case") + 1]
+    assert cases.find(case).kind == "train"
+    variants = [ab_step.parse_variant(a) for a in ab if "=" in a and not a.startswith("-")]
+    assert len(variants) == n and variants[1]["model.attention_kernel"] == kernel
+  packed = [ab_step.parse_variant(a) for a in calls[1][1:] if "=" in a and not a.startswith("-")]
+  assert [v.get("data.packing", False) for v in packed] == [True, True, False]
   assert (out / "env.txt").exists()
 
 
 def test_steps_past_the_budget_are_skipped_with_a_note(tmp_path):
   calls, out = _lease(tmp_path, LEASE_S="1", STUB_SLEEP="2")
-  assert [c[:2] for c in calls] == [["-m", "pytest"]]  # the first step used the budget
-  for name in ("bench.log", "ab_cudnn.txt"):
+  assert [c[:2] for c in calls[1:]] == [["-m", "pytest"]]  # the first step used the budget
+  for name in ("ab_packed.txt", "families.log", "bench.log", "ab_cudnn.txt"):
     assert (out / name).read_text().startswith("skipped: no time left")

@@ -206,8 +206,7 @@ def test_the_family_trains_only_with_the_mlm_objective():
 
 @pytest.mark.parametrize("field, value", [("local_attention", 0),
                                           ("global_attn_every_n_layers", -1),
-                                          ("global_rope_theta", 0.0),
-                                          ("attention_kernel", "cudnn")])
+                                          ("global_rope_theta", 0.0)])
 def test_a_bad_modernbert_field_is_one_line_naming_it(field, value):
   with pytest.raises(ConfigError) as e:
     BertConfig(vocab_size=10, family="modernbert", hidden_size=32, num_heads=4,

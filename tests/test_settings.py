@@ -85,12 +85,11 @@ def test_an_explicit_dtype_wins_over_auto():
   assert s.model.dtype == "bfloat16" and s.requested_dtype == "bfloat16"
 
 
-def test_packing_with_the_cudnn_kernel_is_refused_before_any_data_is_prepared():
-  """A cross-field check of settings (it was the train step's, after preparation)."""
+def test_packing_with_the_cudnn_kernel_is_accepted():
+  """cuDNN takes packed rows' documents as a mask (tests/test_cudnn.py); it was refused."""
   import tiny_run
   config = tiny_run.config(**{"objective": "mlm", "data.packing": True,
                               "model.attention_kernel": "cudnn", "model.dtype": "bfloat16",
                               "model.attention_dropout_rate": 0.0})
-  with pytest.raises(ConfigError) as e:
-    settings.from_config(config)
-  assert "--config.data.packing=True" in str(e.value) and "'cudnn'" in str(e.value)
+  s = settings.from_config(config)
+  assert s.data.packing and s.model.attention_kernel == "cudnn"

@@ -242,9 +242,14 @@ class Embeddings(nn.Module):
 def fused_attention(kernel: str, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL):
   """softmax(q k^T + bias) v by jax.nn.dot_product_attention (q already scaled).
 
-  Scores and softmax in float32 there too, probabilities in v's dtype. 'cudnn' takes
-  the padding as key lengths (cuDNN's padding mask, which skips padded blocks) rather
-  than as a bias, so the mask must be a prefix, as bert-jax's right-padded inputs are.
+  Scores and softmax in float32 there too, probabilities in v's dtype. 'cudnn' takes a
+  padding-only bias [B, 1, 1, L] as key lengths (cuDNN's padding mask, which skips
+  padded blocks), so the mask must be a prefix, as bert-jax's right-padded inputs are.
+  A bias that varies by query ([B, 1, L, L]: packed rows' documents, a sliding window)
+  goes to cuDNN as a boolean mask, which its kernel reads as an additive bias: cuDNN's
+  own masks cannot say it (its window is left-only, and the per-document lengths and
+  offsets of its packed layout are not in jax.nn.dot_product_attention), so no masked
+  block is skipped there.
   """
   if kernel == "jax":
     return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
@@ -254,6 +259,9 @@ def fused_attention(kernel: str, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL):
   if backend != "gpu":
     raise ConfigError(f"config.model.attention_kernel='cudnn' needs an NVIDIA GPU, but this "
                       f"program is compiled for {backend}; expected 'einsum' or 'jax' there")
+  if bias_Bx1xQxL.shape[2] != 1:
+    return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=1.0,
+                                        mask=bias_Bx1xQxL == 0, implementation="cudnn")
   kv_lengths_B = (bias_Bx1xQxL[:, 0, 0, :] == 0).sum(axis=-1).astype(jnp.int32)
   return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=1.0,
                                       key_value_seq_lengths=kv_lengths_B,
@@ -371,7 +379,7 @@ class BertModel(nn.Module):
     """`documents_BxL` (packed rows, data/packing): each token's document, non-decreasing
     along a row; attention stays inside a document and positions restart at its start.
     The bias below is then [B, 1, L, L] rather than [B, 1, 1, L]; every attention path
-    broadcasts it alike (cuDNN's key-length mask cannot say it: BertConfig refuses)."""
+    broadcasts it alike ('cudnn' as a mask rather than key lengths)."""
     # Additive attention bias: padded keys get a large negative score.
     bias_Bx1xQxL = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
     positions_BxL = None

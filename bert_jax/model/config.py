@@ -63,8 +63,9 @@ class BertConfig:
   # The attention core (scores, softmax, context): 'einsum', the model's own dots
   # with dropout on the probabilities (the reference); 'jax', jax.nn.dot_product_attention
   # as XLA compiles it; 'cudnn', the same with cuDNN's fused kernel (NVIDIA GPUs; padding
-  # as key lengths, so masks must be right-padded, as every bert-jax input is). Neither
-  # of the last two has attention dropout: they need attention_dropout_rate=0.
+  # as key lengths, so masks must be right-padded, as every bert-jax input is; packed
+  # documents and sliding windows as a mask it reads). Neither of the last two has
+  # attention dropout: they need attention_dropout_rate=0.
   attention_kernel: str = "einsum"
   # Where the 'einsum' core divides by the softmax's row sums: 'standard' normalizes the
   # probabilities before the context dot (the reference order); 'deferred' takes the dot
@@ -172,10 +173,6 @@ class BertConfig:
       raise ConfigError(f"config.model.family='modernbert' rotates head dimensions in pairs, "
                         f"but hidden_size/num_heads = {self.hidden_size}/{self.num_heads} is "
                         "odd; expected an even head size")
-    if self.attention_kernel not in ("einsum", "jax", "splash"):
-      raise ConfigError(f"config.model.attention_kernel={self.attention_kernel!r} with "
-                        "family 'modernbert': expected 'einsum', 'jax' or 'splash' (cuDNN's "
-                        "key-length mask cannot say a sliding window)")
 
   @classmethod
   def from_dict(cls, d: dict) -> "BertConfig":

@@ -20,7 +20,6 @@ import dataclasses
 
 import ml_collections
 
-from bert_jax.errors import ConfigError
 from bert_jax.model.config import BertConfig
 from bert_jax.settings.checks import fail, is_int, positive_int
 from bert_jax.settings.data import DataSettings, MaskingSettings, data_settings
@@ -69,10 +68,6 @@ def _fields(cls, node: ml_collections.ConfigDict, exclude: tuple = ()) -> dict:
 def _check_model_with_recipe(c: ml_collections.ConfigDict, model: BertConfig,
                              init: InitSettings) -> None:
   """Cross-field checks of the model against the data and recipe, before any work."""
-  if c.data.get("packing", False) and model.attention_kernel == "cudnn":
-    raise ConfigError("--config.data.packing=True with --config.model.attention_kernel="
-                      "'cudnn': expected 'einsum' or 'jax' (cuDNN's key-length mask cannot "
-                      "keep attention inside each document)")
   if model.attention_kernel == "splash" and any(l % 128 for l in c.train.seq_lens):
     raise fail("train.seq_lens", tuple(c.train.seq_lens), "multiples of 128 with "
                 "--config.model.attention_kernel='splash' (its blocks are TPU tiles of 128)")

@@ -72,10 +72,6 @@ class TrainSteps:
     # Packed rows (data/packing): each [CLS] starts a document. special_ids is the
     # tokenizer's, in SPECIAL_TOKENS' order.
     self.cls_id = self.special_ids[SPECIAL_TOKENS.index(CLS)] if packed else None
-    if packed and bert_config.attention_kernel == "cudnn":
-      raise ConfigError("--config.data.packing=True with --config.model.attention_kernel="
-                        "'cudnn': expected 'einsum' or 'jax' (cuDNN's key-length mask cannot "
-                        "keep attention inside each document)")
     self.mask_id = mask_id
     self.is_continuation = (jnp.asarray(is_continuation_V) if masking_settings.whole_word
                             else None)
