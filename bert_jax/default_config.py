@@ -129,8 +129,10 @@ def _model() -> ml_collections.ConfigDict:
   # contraction last; faster there) or 'xla' (XLA picks). Same values either way.
   c.cpu_attention_layout = "canonical"
   # The attention core: 'einsum' (the model's dots, with attention dropout), 'jax'
-  # (jax.nn.dot_product_attention, XLA) or 'cudnn' (its cuDNN fused kernel, NVIDIA GPUs).
-  # The last two have no attention dropout: set attention_dropout_rate=0 with them.
+  # (jax.nn.dot_product_attention, XLA), 'cudnn' (its cuDNN fused kernel, NVIDIA GPUs),
+  # 'splash' (Pallas splash attention, TPUs) or 'auto' ('splash' on a TPU when there is
+  # no attention dropout and every length is a multiple of 128, else 'einsum').
+  # All but 'einsum' have no attention dropout: set attention_dropout_rate=0 with them.
   c.attention_kernel = "einsum"
   # Where the 'einsum' core normalizes the softmax: 'standard' (the probabilities, before
   # the context dot: the reference order) or 'deferred' (the context, after it, as fused

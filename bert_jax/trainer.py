@@ -85,7 +85,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
   steps = make_steps(s, tok.vocab_size, tok.special_ids(), tok.mask_id,
                      tok.is_continuation() if s.masking.whole_word else None, mesh)
   check_stop()
-  _log_model(steps, tok.vocab_size, s.requested_dtype)
+  _log_model(steps, tok.vocab_size, s.requested_dtype, s.requested_attention_kernel)
   ckpts = RunCheckpoints(checkpoint_dir(workdir), s.run.keep_checkpoints, steps, {
       "model_config": steps.bert_config.to_dict(), **bpe.to_meta(tok),
       "seed": s.run.seed, "config": json.loads(s.config_json)})
@@ -222,12 +222,16 @@ def _enable_compile_cache(cache_dir: str) -> None:
                  "compiling without the persistent cache")
 
 
-def _log_model(steps: TrainSteps, vocab_size: int, requested_dtype: str) -> None:
+def _log_model(steps: TrainSteps, vocab_size: int, requested_dtype: str,
+               requested_kernel: str) -> None:
   c, mesh = steps.bert_config, steps.mesh
   mode = "float32" if c.dtype == "float32" else f"{c.dtype} operands, float32 accumulation"
   console.log(f"compute dtype: {mode}" + (
       f" (auto on {jax.devices()[0].platform}: {precision.auto_reason()})"
       if requested_dtype == "auto" else ""))
+  if requested_kernel == "auto":
+    console.log(f"attention kernel: {c.attention_kernel} (auto: splash on TPU with no "
+                "attention dropout and lengths in multiples of 128, else einsum)")
   n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(steps.abstract_params))
   console.log(
       f"model: {c.num_layers} layers, hidden {c.hidden_size}, {c.num_heads} heads, vocab "

@@ -41,6 +41,7 @@ def get_config():
   m.initializer_range = 0.02
   m.dropout_rate = 0.0
   m.attention_dropout_rate = 0.0
+  m.attention_kernel = "auto"  # splash on a TPU (no attention dropout), einsum elsewhere
   m.attention_bias = m.mlp_bias = m.norm_bias = False
   m.decoder_bias = True
   c.masking.mask_prob = 0.3

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.model import family, splash
+from bert_jax.model import family, precision, splash
 from bert_jax.model.config import BertConfig
 
 B, L, H, K = 2, 128, 2, 16
@@ -146,3 +146,28 @@ def test_splash_with_a_length_that_is_not_a_multiple_of_128_is_refused_before_an
   with pytest.raises(ConfigError) as e:
     settings.from_config(config)
   assert "--config.train.seq_lens" in str(e.value) and "128" in str(e.value)
+
+
+@pytest.mark.parametrize("platform, dropout, lens, want", [
+    ("tpu", 0.0, (128, 512), "splash"),
+    ("tpu", 0.1, (128, 512), "einsum"),  # the reference BERT's attention dropout
+    ("tpu", 0.0, (128, 200), "einsum"),  # a length splash's 128-wide tiles do not divide
+    ("cpu", 0.0, (128, 512), "einsum"),
+    ("gpu", 0.0, (128, 512), "einsum")])
+def test_auto_is_splash_on_a_tpu_where_it_applies_and_einsum_elsewhere(platform, dropout,
+                                                                       lens, want):
+  assert precision.resolve_attention_kernel("auto", dropout, lens, platform) == want
+  assert precision.resolve_attention_kernel("jax", dropout, lens, platform) == "jax"  # as asked
+
+
+def test_auto_resolves_for_this_host_and_again_for_the_tpu_a_plan_compiles_for():
+  import tiny_run
+  from bert_jax import settings
+  from bert_jax.planner import plan as plan_lib
+  s = settings.from_config(tiny_run.config(**{
+      "model.attention_kernel": "auto", "model.attention_dropout_rate": 0.0,
+      "train.seq_lens": (128,), "train.max_predictions": (20,),
+      "model.max_position_embeddings": 128}))
+  assert (s.model.attention_kernel, s.requested_attention_kernel) == ("einsum", "auto")
+  assert plan_lib.for_platform(s, "tpu").model.attention_kernel == "splash"
+  assert plan_lib.for_platform(s, "cpu").model.attention_kernel == "einsum"

@@ -361,6 +361,30 @@ def test_search_finds_the_batch_and_the_fixes_that_fit(fake_planner):
   assert set(fixes) >= {"--config.mesh.param_sharding=fsdp", "--config.model.remat=True"}
 
 
+@pytest.mark.parametrize("seq_len, dropout, want", [
+    (128, 0.1, {"model.attention_kernel": "splash", "model.attention_dropout_rate": 0.0}),
+    (256, 0.0, {"model.attention_kernel": "splash"}),
+    (96, 0.0, None)])  # not a multiple of splash's 128-wide tiles
+def test_on_a_tpu_the_search_tries_splash_attention(fake_planner, seq_len, dropout, want):
+  p, plan, failing = fake_planner
+  p.s = dataclasses.replace(
+      p.s, model=dataclasses.replace(p.s.model, attention_dropout_rate=dropout),
+      train=dataclasses.replace(p.s.train, phases=tuple(
+          dataclasses.replace(ph, seq_len=seq_len) for ph in p.s.train.phases)))
+  plan_lib.search_fixes(p, plan, [failing])
+  assert not [f for f in plan.fixes if "splash" in f.field]  # these are CPU devices
+  p.platform = "tpu"
+  plan.fixes = []
+  plan_lib.search_fixes(p, plan, [failing])
+  splash = [f for f in plan.fixes if "splash" in f.field]
+  if want is None:
+    assert not splash
+    return
+  (fix,) = splash
+  assert fix.field == " ".join(f"--config.{k}={v}" for k, v in want.items())
+  assert fix.note == ("splash has no attention dropout" if dropout else "")
+
+
 def test_with_remat_keeping_matmul_outputs_full_remat_is_the_fix_tried(fake_planner):
   p, plan, failing = fake_planner
   p.s = dataclasses.replace(p.s, model=dataclasses.replace(

@@ -67,7 +67,7 @@ def run_plan(config, topology_name: str = "", json_path: str = "", search: bool 
   else:
     import jax
     devices = jax.devices()
-    memory, label = plan_lib.local_memory_bytes(devices)
+    memory, label = topology.local_memory_bytes(devices)
     target = (f"this machine: {len(devices)} {devices[0].platform} devices "
               f"({devices[0].device_kind})")
   console.log(f"compiling for {target} ...")

@@ -27,6 +27,7 @@ import contextlib
 import contextvars
 import functools
 import string
+from collections.abc import Sequence
 from typing import Optional
 
 import jax
@@ -93,6 +94,24 @@ def resolve_dtype(dtype: str, platform: Optional[str] = None,
   if platform == "cpu" and cpu_has_native_bf16(cpuinfo_path):
     return "bfloat16"
   return "float32"
+
+
+def resolve_attention_kernel(kernel: str, attention_dropout_rate: float, seq_lens: Sequence[int],
+                   platform: Optional[str] = None) -> str:
+  """Resolves config.model.attention_kernel: 'auto' -> 'splash' on TPU where it applies,
+  else 'einsum'; any other value unchanged.
+
+  It applies with no attention dropout (splash has none, so the reference BERT's 0.1
+  keeps 'einsum', bit for bit) and every phase's length a multiple of 128 (its tiles).
+  There it keeps no [B, H, L, L] scores: the compiled memory and FLOPs of both kernels
+  are in tools/results/plan_kernels.md (the kernel: model/splash.py). `platform` is a
+  JAX backend name; None means jax.default_backend().
+  """
+  if kernel != "auto":
+    return kernel
+  platform = (platform or jax.default_backend()).lower()
+  tiles = all(isinstance(n, int) and n > 0 and n % 128 == 0 for n in seq_lens)
+  return "splash" if platform == "tpu" and not attention_dropout_rate and tiles else "einsum"
 
 
 def auto_reason(platform: Optional[str] = None, cpuinfo_path: str = "/proc/cpuinfo") -> str:

@@ -21,7 +21,6 @@ Shape legend: B global batch, L sequence length, P max predictions.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import time
 from typing import Any, Callable, Optional
@@ -141,11 +140,15 @@ class Plan:
 
 
 def for_platform(s: Settings, platform: str) -> Settings:
-  """`s` with config.model.dtype 'auto' resolved for the devices compiled for, not this host."""
-  if s.requested_dtype != "auto":
-    return s
-  return dataclasses.replace(s, model=dataclasses.replace(
-      s.model, dtype=precision.resolve_dtype("auto", platform)))
+  """`s` with config.model.dtype and attention_kernel 'auto' resolved for the devices
+  compiled for, not this host."""
+  model = s.model
+  if s.requested_dtype == "auto":
+    model = dataclasses.replace(model, dtype=precision.resolve_dtype("auto", platform))
+  if s.requested_attention_kernel == "auto":
+    model = dataclasses.replace(model, attention_kernel=precision.resolve_attention_kernel(
+        "auto", model.attention_dropout_rate, [ph.seq_len for ph in s.train.phases], platform))
+  return s if model is s.model else dataclasses.replace(s, model=model)
 
 
 def planned_vocab_size(s: Settings) -> int:
@@ -389,6 +392,9 @@ def search_fixes(p: Planner, plan: Plan, failing: list, max_compiles: int = 12) 
 
   if p.s.mesh.param_sharding != "fsdp":
     try_fix({"mesh.param_sharding": "fsdp"})
+  splash = splash_fix(p)
+  if splash:
+    try_fix(*splash)
   # Full remat only: remat_policy=save_dots needs as much memory here in the one case
   # measured (BERT-Large, 512, v6e-8), and libtpu's compile of it can crash the process
   # (docs/multi-host-and-tpu.md), which would end the search.
@@ -405,6 +411,22 @@ def search_fixes(p: Planner, plan: Plan, failing: list, max_compiles: int = 12) 
     if options:
       try_fix({"train.grad_accum_steps": options[0]},
               f"micro-batches of {per_device // options[0]} per device")
+
+
+def splash_fix(p: Planner) -> Optional[tuple[dict, str]]:
+  """Splash attention as a change to try (TPU only; every length a multiple of 128): it
+  keeps no [B, H, L, L] scores. It has no attention dropout, so a nonzero rate goes to 0
+  with it, and the note says so."""
+  if p.platform != "tpu" or p.s.model.attention_kernel == "splash":
+    return None
+  if any(ph.seq_len % 128 for ph in p.s.train.phases):
+    return None
+  changes: dict[str, Any] = {"model.attention_kernel": "splash"}
+  note = ""
+  if p.s.model.attention_dropout_rate:
+    changes["model.attention_dropout_rate"] = 0.0
+    note = "splash has no attention dropout"
+  return changes, note
 
 
 def _override(s: Settings, field: str, value: Any) -> Settings:
@@ -426,16 +448,3 @@ def versions() -> dict:
   if tpu:
     out["libtpu"] = tpu
   return out
-
-
-def local_memory_bytes(devices: list) -> tuple[Optional[int], str]:
-  """(memory per device, its name) for local devices: HBM, or the host RAM share of CPUs."""
-  from bert_jax.planner import topology
-  d = devices[0]
-  if d.platform == "cpu":
-    try:
-      ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-      return None, "RAM"
-    return ram // len(devices), "RAM/dev"
-  return topology.hbm_bytes(d), "HBM"

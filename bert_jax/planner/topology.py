@@ -318,3 +318,15 @@ def hbm_bytes(device) -> Optional[int]:
       # v2/v3 devices are single cores; v4/v5p devices are megacore chips.
       return per_chip // 2 if prefix in ("TPU v3", "TPU v2") else per_chip
   return None
+
+
+def local_memory_bytes(devices: list) -> tuple[Optional[int], str]:
+  """(memory per device, its name) for local devices: HBM, or the host RAM share of CPUs."""
+  d = devices[0]
+  if d.platform == "cpu":
+    try:
+      ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+      return None, "RAM"
+    return ram // len(devices), "RAM/dev"
+  return hbm_bytes(d), "HBM"

@@ -46,6 +46,7 @@ class Settings:
   run: RunSettings
   config_json: str  # the whole config, stored in checkpoints for people
   requested_dtype: str = ""  # config.model.dtype as given ('auto' before resolving)
+  requested_attention_kernel: str = ""  # config.model.attention_kernel as given
   init: InitSettings = InitSettings()  # --config.init_from ('' = from scratch)
   probe: ProbeSettings = ProbeSettings()  # config.probe (no tasks = no probes)
   profile: ProfileSettings = ProfileSettings()  # config.profile
@@ -125,6 +126,9 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
     raise fail("model.dtype", requested_dtype, "'auto', 'float32', 'bfloat16' or 'float16'")
   from bert_jax.model import precision  # 'auto' asks the backend: JAX only from here
   fields["dtype"] = precision.resolve_dtype(requested_dtype)
+  requested_kernel = fields["attention_kernel"]
+  fields["attention_kernel"] = precision.resolve_attention_kernel(
+      requested_kernel, fields["attention_dropout_rate"], tuple(t.seq_lens))
   model = BertConfig(vocab_size=1, **fields)
   data = c.data.to_dict()
   init = init_settings(c, data)
@@ -151,5 +155,6 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
       masking=MaskingSettings(**c.masking.to_dict()),
       model=model, optimizer=optimizer, train=train, mesh=MeshSettings(**c.mesh.to_dict()),
       run=run, config_json=c.to_json(), requested_dtype=requested_dtype, init=init, probe=probe,
+      requested_attention_kernel=requested_kernel,
       profile=ProfileSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in
                                  c.get("profile", ml_collections.ConfigDict()).items()}))
