@@ -23,8 +23,8 @@ import sys
 from bert_jax import console, settings as settings_lib
 from bert_jax.commands import common, config_args
 from bert_jax.commands.train import add_help, parse
-from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.storage import fs
+from bert_jax.errors import BertJaxError
+from bert_jax.storage import fs, outputs
 
 
 def _parser(default_config: str) -> argparse.ArgumentParser:
@@ -58,10 +58,8 @@ def run_plan(config, topology_name: str = "", json_path: str = "", search: bool 
   if s.init.path:  # the source's model shape, as train.py takes it
     from bert_jax.train import init_from
     s = init_from.run_settings(s, init_from.resolve(s))
-  if json_path and not json_path.startswith("gs://") and not os.path.isdir(
-      os.path.dirname(os.path.abspath(json_path))):
-    raise ConfigError(f"--json {json_path}: its folder does not exist; expected a path in "
-                      "an existing folder")
+  if json_path:
+    outputs.check_file_target("--json", json_path)
   if topology_name:
     target, memory, label = topo.describe(), topo.hbm_bytes_per_device, "HBM"
   else:

@@ -17,15 +17,13 @@ bert_jax.eval.tasks. Bad input is one `error:` line, exit 2, nothing written.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from typing import Optional
 
 from bert_jax.commands import common
-from bert_jax.errors import ConfigError
 from bert_jax.features.extract import DTYPES, Extractor
-from bert_jax.storage import fs
+from bert_jax.storage import fs, outputs
 
 PROBE_POOLINGS = ("cls", "mean", "pooler")
 
@@ -67,12 +65,8 @@ def run(args: argparse.Namespace) -> dict:
   common.check_choice("--pooling", args.pooling, PROBE_POOLINGS)
   common.check_choice("--dtype", args.dtype, DTYPES)
   layers = common.parse_layers(args.layers)
-  if args.output is not None and not args.output.startswith("gs://"):
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(out_dir):
-      raise ConfigError(f"--output '{args.output}': directory {out_dir} does not exist")
-    if os.path.isdir(args.output):
-      raise ConfigError(f"--output '{args.output}' is a directory; expected a file name")
+  if args.output is not None:
+    outputs.check_file_target("--output", args.output)
   task = tasks.load_task(args.task, data_dir=args.data_dir)
   print(f"task {task.summary()}", file=sys.stderr, flush=True)
   ex = Extractor.from_checkpoint(args.checkpoint, step=args.step, dtype=args.dtype,

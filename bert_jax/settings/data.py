@@ -5,12 +5,12 @@ and the name lists its choices come from (data/ imports them from here).
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import ml_collections
 
 from bert_jax.errors import ConfigError
 from bert_jax.settings.checks import fail, is_int
+from bert_jax.storage import retries
 
 FORMATS = ("auto", "plain", "tab")  # `config.data.format` (data/corpus)
 OBJECTIVES = ("mlm+nsp", "mlm", "mlm+sop")  # `config.objective` (data/pretraining_data)
@@ -75,11 +75,10 @@ class DataSettings:
       raise fail("data.vocab_sample_bytes", self.vocab_sample_bytes, ">= 1")
     if not self.vocab_file and self.vocab_size < 1:
       raise fail("data.vocab_size", self.vocab_size, "a positive integer")
-    v = self.vocab_file  # one in a bucket is checked when it is copied to this host
-    if v and not v.startswith("gs://") and not os.path.isfile(v):
-      raise ConfigError(f"--config.data.vocab_file: '{v}' " + ("is a directory" if os.path.isdir(
-          v) else "does not exist or is not a file") + "; expected a vocab.txt file (one token "
-          "per line, or a HuggingFace tokenizer.json)")
+    problem = retries.local_file_problem(self.vocab_file) if self.vocab_file else ""
+    if problem:
+      raise ConfigError(f"--config.data.vocab_file: '{self.vocab_file}' {problem}; expected a "
+                        "vocab.txt file (one token per line, or a HuggingFace tokenizer.json)")
 
   @property
   def is_bpe(self) -> bool:  # a tokenizer.json given, or a vocabulary trained as 'bpe'

@@ -212,6 +212,14 @@ def retrying(path: str, doing: str, fn: Callable[[], T], passthrough: tuple = ()
   raise StorageError(f"cannot {doing} {path}: no attempt was made")  # rounds >= 0: unreachable
 
 
+def local_file_problem(path: str) -> str:
+  """What is wrong with `path` as an input file, in a few words, or '' when nothing is:
+  a local file that exists, or a bucket URL (read, and checked, when it is copied)."""
+  if is_gcs(path) or os.path.isfile(path):
+    return ""
+  return "is a directory" if os.path.isdir(path) else "does not exist or is not a file"
+
+
 def check_bucket(path: str) -> None:
   """One request: a StorageError line if the bucket of `path` is missing or forbidden,
   or its server does not answer (after retries). A local path: nothing."""
