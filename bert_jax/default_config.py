@@ -131,7 +131,8 @@ def _model() -> ml_collections.ConfigDict:
   # The attention core: 'einsum' (the model's dots, with attention dropout), 'jax'
   # (jax.nn.dot_product_attention, XLA), 'cudnn' (its cuDNN fused kernel, NVIDIA GPUs),
   # 'splash' (Pallas splash attention, TPUs) or 'auto' ('splash' on a TPU when there is
-  # no attention dropout and every length is a multiple of 128, else 'einsum').
+  # no attention dropout, every length is a multiple of 128 and the longest is 512 or
+  # more, where it needs less memory; else 'einsum').
   # All but 'einsum' have no attention dropout: set attention_dropout_rate=0 with them.
   c.attention_kernel = "einsum"
   # Where the 'einsum' core normalizes the softmax: 'standard' (the probabilities, before

@@ -231,7 +231,8 @@ def _log_model(steps: TrainSteps, vocab_size: int, requested_dtype: str,
       if requested_dtype == "auto" else ""))
   if requested_kernel == "auto":
     console.log(f"attention kernel: {c.attention_kernel} (auto: splash on TPU with no "
-                "attention dropout and lengths in multiples of 128, else einsum)")
+                "attention dropout, lengths in multiples of 128 and a longest phase of "
+                f"{precision.SPLASH_MIN_LEN}+ tokens, else einsum)")
   n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(steps.abstract_params))
   console.log(
       f"model: {c.num_layers} layers, hidden {c.hidden_size}, {c.num_heads} heads, vocab "
