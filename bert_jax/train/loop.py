@@ -204,6 +204,7 @@ class TrainLoop:
     with self.hooks.step_scope(st.step, run.first):
       if run.first:  # the plan of the memory this step needs, beside what it uses
         self._planned = self.steps.memory_plan(step_fn, *args)
+        _all_compiled(f"bert_jax:compiled:{phase.index}:{st.step}")
       st.params, st.opt_state, metrics = step_fn(*args)
     st.step += 1
     self.hooks.after_step(st.step, metrics)
@@ -399,3 +400,13 @@ def _train_metrics(pending: list) -> dict:
       "learning_rate": float(rows[-1]["learning_rate"]),
       "skipped_steps": float(rows[-1]["skipped_total"]),
       "nonfinite_streak": float(max(r["nonfinite_streak"] for r in rows))}
+
+
+def _all_compiled(key: str) -> None:
+  """Waits until every process has compiled the step (a coordination-service barrier,
+  not a collective). Without it a process that compiled first waits inside the step's
+  first all-reduce, where the CPU collectives (Gloo) give up after 30 s: a gap that one
+  compile on a loaded host can exceed (CI saw it). One process: nothing."""
+  if jax.process_count() > 1:
+    from orbax.checkpoint import multihost  # pylint: disable=import-outside-toplevel
+    multihost.get_barrier_sync_fn()(key=key, timeout_ms=900_000)
