@@ -13,6 +13,7 @@ from bert_jax.commands import launch
 
 if __name__ == "__main__":
   launch.start()  # first: it may run this command again
+  launch.note_sigterm()  # before the imports below, which take seconds
   from bert_jax.commands import train as train_cli
 
   here = os.path.dirname(os.path.abspath(__file__))

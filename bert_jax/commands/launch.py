@@ -9,8 +9,11 @@ process. Imports no JAX.
 """
 
 import importlib
+import os
+import signal
 
 import bert_jax
+from bert_jax import errors
 from bert_jax.parallel import host_malloc
 
 
@@ -23,6 +26,21 @@ def start() -> None:
   host_malloc.reexec_with_huge_pages()
 
 
+def note_sigterm() -> None:
+  """From here until train installs its own handler, a SIGTERM is noted for the run's
+  first safe point rather than killing the process: the imports in between take seconds
+  on a loaded host, and a stop there must still end in one `interrupted:` line."""
+  signal.signal(signal.SIGTERM, _noted)
+
+
+def _noted(signum, frame) -> None:
+  del frame
+  if errors.stop_requested() is None:
+    os.write(2, f"{signal.Signals(signum).name} received: stopping at the next safe "
+             "point\n".encode())
+  errors.request_stop(signum)
+
+
 def run(name: str) -> None:
   """Runs command `name` (a module of bert_jax.commands, its `cli()`)."""
   start()  # first: it may run this command again
@@ -31,7 +49,9 @@ def run(name: str) -> None:
 
 def train() -> None:
   """`bert-jax-train`."""
-  run("train")
+  start()  # first: it may run this command again
+  note_sigterm()
+  importlib.import_module("bert_jax.commands.train").cli()
 
 
 def features() -> None:
