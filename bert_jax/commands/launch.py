@@ -30,28 +30,31 @@ def note_sigterm() -> None:
   """From here until train installs its own handler, a SIGTERM is noted for the run's
   first safe point rather than killing the process: the imports in between take seconds
   on a loaded host, and a stop there must still end in one `interrupted:` line."""
-  signal.signal(signal.SIGTERM, _noted)
+  signal.signal(signal.SIGTERM, note_stop)
 
 
-def _noted(signum, frame) -> None:
+def note_stop(signum, frame) -> None:
+  """Notes a SIGTERM for the next safe point: never raises (Python drops an exception
+  raised while a garbage-collection callback runs, and the stop with it)."""
   del frame
-  if errors.stop_requested() is None:
-    os.write(2, f"{signal.Signals(signum).name} received: stopping at the next safe "
-             "point\n".encode())
+  first = errors.stop_requested() is None
   errors.request_stop(signum)
+  if first:
+    os.write(2, f"{signal.Signals(signum).name} received: stopping at the next safe point\n"
+             .encode())
 
 
 def run(name: str) -> None:
   """Runs command `name` (a module of bert_jax.commands, its `cli()`)."""
   start()  # first: it may run this command again
+  if name == "train":  # a stop during the imports below is the run's to serve
+    note_sigterm()
   importlib.import_module(f"bert_jax.commands.{name}").cli()
 
 
 def train() -> None:
   """`bert-jax-train`."""
-  start()  # first: it may run this command again
-  note_sigterm()
-  importlib.import_module("bert_jax.commands.train").cli()
+  run("train")
 
 
 def features() -> None:

@@ -18,10 +18,10 @@ import os
 import signal
 import sys
 
-from bert_jax.commands import common, config_args
+from bert_jax.commands import common, config_args, launch
 from bert_jax.commands.config_args import PACKAGE_DIR
 from bert_jax.parallel import startup
-from bert_jax.errors import (BertJaxError, ConfigError, Preempted, Terminated, request_stop,
+from bert_jax.errors import (BertJaxError, ConfigError, Preempted, Terminated,
                              stop_requested)
 from bert_jax.train import goodput
 from bert_jax.trainer import train_and_evaluate
@@ -119,15 +119,7 @@ def _train(args: argparse.Namespace, config) -> None:
     sys.exit(128 + signum)
 
 
-def _terminated(signum, frame) -> None:
-  """Notes SIGTERM for the next safe point: never raises (Python drops an exception
-  raised while a garbage-collection callback runs, and the stop with it)."""
-  del frame
-  first = stop_requested() is None
-  request_stop(signum)
-  if first:
-    os.write(2, f"{signal.Signals(signum).name} received: stopping at the next safe point\n"
-             .encode())
+_terminated = launch.note_stop  # SIGTERM before training: noted for the next safe point
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]):

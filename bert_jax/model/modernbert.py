@@ -140,7 +140,8 @@ class Attention(nn.Module):
       o_BxLxHxK = splash.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask.segments_BxL,
                                    mask.window).astype(cd)
     elif c.attention_kernel in ("jax", "cudnn"):
-      o_BxLxHxK = bert.fused_attention(c.attention_kernel, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL)
+      o_BxLxHxK = bert.fused_attention(c.attention_kernel, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
+                                       bias_Bx1xQxL)
     else:
       s_BxHxLxL = bert.activation_einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK,
                                          jnp.float32)
