@@ -7,6 +7,7 @@ lost a preemption notice now and then (issue 41). The handler only notes the req
 training loop check it.
 """
 
+import argparse
 import gc
 import os
 import random
@@ -65,9 +66,59 @@ def test_a_second_sigterm_keeps_the_first_and_says_one_line(noted_sigterm, capfd
   assert capfd.readouterr().err.count("SIGTERM received") == 1
 
 
-def _outcome(proc: subprocess.CompletedProcess) -> str:
+@pytest.fixture
+def finished_train(monkeypatch):
+  """`commands.train._train` around a run that returns at once (its own steps tested
+  elsewhere); the SIGTERM handler it leaves is put back after the test."""
+  errors.clear_stop()
+  monkeypatch.setattr(train_command, "_END_LINE_DUE", [True])
+  previous = signal.getsignal(signal.SIGTERM)
+  args = argparse.Namespace(verbosity=-1, coordinator_address=None, num_processes=None,
+                            process_id=None, jax_distributed=False, workdir="unused")
+  try:
+    yield lambda run: (monkeypatch.setattr(train_command, "train_and_evaluate", run),
+                       train_command._train(args, None))  # pylint: disable=protected-access
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+    errors.clear_stop()
+
+
+def test_a_sigterm_after_the_last_safe_point_says_the_run_is_complete(finished_train, capfd):
+  """The interpreter's shutdown after a finished run takes a second or more; a SIGTERM
+  there once said 'stopping at the next safe point' and the run exited 0 (CI, stop 46)."""
+  finished_train(lambda *a, **k: None)
+  capfd.readouterr()
+  os.kill(os.getpid(), signal.SIGTERM)
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(0.01)
+  err = capfd.readouterr().err
+  assert err.count("SIGTERM received as the run ended: it is complete") == 1, err
+  assert "next safe point" not in err
+
+
+def test_a_sigterm_noted_during_the_run_is_said_once_at_its_end(finished_train, capfd):
+  def run(*args, **kwargs):  # the signal came after the loop's last check
+    del args, kwargs
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.01)
+
+  signal.signal(signal.SIGTERM, train_command._terminated)  # pylint: disable=protected-access
+  finished_train(run)
+  os.kill(os.getpid(), signal.SIGTERM)  # and another during the shutdown
+  time.sleep(0.01)
+  err = capfd.readouterr().err
+  assert err.count("SIGTERM received as the run ended: it is complete") == 1, err
+  assert err.strip().splitlines()[-1].startswith("SIGTERM received as the run ended")
+
+
+def _outcome(proc: subprocess.CompletedProcess, workdir: str, num_steps: int) -> str:
   """'stopped' (exit 143, one `interrupted:` line), 'complete' (exit 0, the signal came as
-  the run ended and it says so), or what went wrong."""
+  the run ended and it says so), or what went wrong.
+
+  One more 'complete': a signal in the last moments of the interpreter's shutdown, after
+  Python has put the default handler back (killed, -15) or no longer runs handlers (exit
+  0). Then the run had printed its last line and written its final checkpoint, and no
+  handler said anything: nothing was left to stop."""
   err = proc.stderr
   if "Exception ignored" in err or "Traceback" in err:
     return f"a traceback: {err[-1500:]}"
@@ -76,6 +127,11 @@ def _outcome(proc: subprocess.CompletedProcess) -> str:
       and "SIGTERM" in last):
     return "stopped"
   if proc.returncode == 0 and "SIGTERM received as the run ended" in last:
+    return "complete"
+  out_last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+  if (proc.returncode in (0, -signal.SIGTERM) and "SIGTERM received" not in err
+      and out_last.startswith("checkpoints:")
+      and os.path.isdir(os.path.join(workdir, "checkpoints", str(num_steps)))):
     return "complete"
   return f"exit {proc.returncode}, last line {last!r}"
 
@@ -107,10 +163,11 @@ def test_sigterm_at_random_moments_stops_the_run_or_finds_it_complete(tmp_path):
   moments = ["Preparing pre-training data"] + [rng.uniform(3.0, 22.0) for _ in range(3)]
   outcomes = []
   for i, moment in enumerate(moments):
-    args = soak_kill.tiny_args(str(tmp_path / f"run{i}"), str(tmp_path / f"cache{i}"), 12,
+    workdir = str(tmp_path / f"run{i}")
+    args = soak_kill.tiny_args(workdir, str(tmp_path / f"cache{i}"), 12,
                                **{"data.dupe_factor": 8})
     proc = _run_and_signal(args, env, moment)
-    outcome = _outcome(proc)
+    outcome = _outcome(proc, workdir, 12)
     outcomes.append((moment, outcome))
     assert outcome in ("stopped", "complete"), f"seed {seed}, moment {moment}: {outcome}"
     if outcome == "stopped" and i in (0, len(moments) - 1):

@@ -99,9 +99,12 @@ def _train(args: argparse.Namespace, config) -> None:
     signal.signal(signal.SIGTERM, _terminated)
     # The session's goodput counts from the process's start: imports and start-up too.
     train_and_evaluate(config, args.workdir, started=goodput.process_start_time())
-    if (signum := stop_requested()) is not None:  # after the last safe point: all done
-      _last_line(f"{signal.Signals(signum).name} received as the run ended: it is complete "
-                 "(final checkpoint written); nothing to resume")
+    # Past the last safe point the run is complete: a SIGTERM from here to the exit
+    # (the interpreter's shutdown takes a second or more) says so instead of promising
+    # a stop, and one that came before says so too; once either way.
+    signal.signal(signal.SIGTERM, _ended)
+    if (signum := stop_requested()) is not None:
+      _ended(signum, None)
   except Preempted as e:  # SIGTERM/SIGINT during training: checkpointed, resumable
     _last_line(f"interrupted: {e}")
     sys.exit(128 + e.signum)  # 143 for SIGTERM, 130 for SIGINT, as the shell reports them
@@ -120,6 +123,18 @@ def _train(args: argparse.Namespace, config) -> None:
 
 
 _terminated = launch.note_stop  # SIGTERM before training: noted for the next safe point
+_END_LINE_DUE = [True]  # popped once: list.pop is one step, which no handler splits
+
+
+def _ended(signum: int, frame) -> None:
+  """A stop request that came after the run's last safe point: the run is complete."""
+  del frame
+  try:
+    _END_LINE_DUE.pop()
+  except IndexError:
+    return
+  _last_line(f"{signal.Signals(signum).name} received as the run ended: it is complete "
+             "(final checkpoint written); nothing to resume")
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]):
