@@ -557,8 +557,9 @@ def test_a_task_folder_in_a_bucket_is_read(server):
   from bert_jax.storage import fs
   fs.write_text("gs://bkt/tasks/mine/train.tsv", "label\ttext\nyes\ta b\nno\tc d\n")
   fs.write_text("gs://bkt/tasks/mine/dev.tsv", "label\ttext\nyes\te f\n")
-  task = tasks.load_task("gs://bkt/tasks/mine")
-  assert task.name == "mine" and task.labels == ("no", "yes") and len(task.splits["dev"]) == 1
+  for spec in ("gs://bkt/tasks/mine", "gs://bkt/tasks/mine/"):
+    task = tasks.load_task(spec)
+    assert task.name == "mine" and task.labels == ("no", "yes") and len(task.splits["dev"]) == 1
 
 
 @pytest.mark.slow

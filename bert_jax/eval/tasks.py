@@ -293,8 +293,8 @@ SMALL_DEV = 50
 def load_task(spec: str, data_dir: Optional[str] = None) -> Task:
   """The task `spec` names (module docstring), fully read and checked; bad input is a
   TaskError (a train split of one class), a dev split too small to tell is a warning."""
-  if isinstance(spec, str) and spec.startswith("gs://"):  # a task folder in a bucket
-    spec = fs.local_mirror(spec.rstrip("/"))
+  if isinstance(spec, str):  # a task folder in a bucket is read from a local copy
+    spec = fs.local_mirror(spec)
   task = _load_task(spec, data_dir)
   check_usable(task)
   return task

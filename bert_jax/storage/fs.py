@@ -298,6 +298,7 @@ def local_mirror(path: str, root: str | None = None,
   Returns the local path, or the local glob for a glob."""
   if not is_gcs(path):
     return path
+  path = path.rstrip("/") if path.count("/") > 2 else path  # a folder given as x/
   if before_copy is not None:
     before_copy()
   root = root or os.path.expanduser(os.environ.get("BERT_JAX_GCS_MIRROR", "~/.cache/bert_jax/gcs"))
