@@ -13,6 +13,16 @@ _DTYPES = ("float32", "bfloat16", "float16")
 _DROPOUT_RNGS = ("hash", "threefry", "rbg", "unsafe_rbg")
 _CPU_ATTENTION_LAYOUTS = ("canonical", "xla")
 ATTENTION_KERNELS = ("einsum", "jax", "cudnn", "splash")
+# Splash's blocks are TPU tiles of this many tokens, so every phase's length must be a
+# multiple of it (model/splash.py): the one statement of the rule, which the settings'
+# check, 'auto' (model/precision) and the planner's splash fix ask.
+SPLASH_TILE = 128
+
+
+def splash_tiles_fit(seq_lens) -> bool:
+  """Whether every length is a positive multiple of SPLASH_TILE (splash's blocks)."""
+  return bool(seq_lens) and all(isinstance(n, int) and n > 0 and n % SPLASH_TILE == 0
+                                for n in seq_lens)
 REMAT_POLICIES = ("full", "save_dots")
 CPU_FORWARD_DOTS = ("auto", "ynnpack", "eigen")
 ATTENTION_SOFTMAX = ("standard", "deferred")

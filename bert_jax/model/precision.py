@@ -35,6 +35,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.model import config
 from bert_jax.storage import fs
 
 _ACCUM = jnp.float32
@@ -108,7 +109,7 @@ def resolve_attention_kernel(kernel: str, attention_dropout_rate: float,
   and pays, else 'einsum'; any other value unchanged.
 
   It applies with no attention dropout (splash has none, so the reference BERT's 0.1
-  keeps 'einsum', bit for bit) and every phase's length a multiple of 128 (its tiles).
+  keeps 'einsum', bit for bit) and every phase's length a multiple of config.SPLASH_TILE.
   It pays in memory from SPLASH_MIN_LEN tokens: it keeps no [B, H, L, L] scores. A run
   must fit in its longest phase, so that phase decides. The compiled memory and FLOPs of
   both kernels are in tools/results/plan_kernels.md (the kernel: model/splash.py).
@@ -117,9 +118,7 @@ def resolve_attention_kernel(kernel: str, attention_dropout_rate: float,
   if kernel != "auto":
     return kernel
   platform = (platform or jax.default_backend()).lower()
-  lens = [n for n in seq_lens if isinstance(n, int) and n > 0]
-  tiles = len(lens) == len(seq_lens) and lens and all(n % 128 == 0 for n in lens)
-  pays = bool(tiles) and max(lens) >= SPLASH_MIN_LEN
+  pays = config.splash_tiles_fit(seq_lens) and max(seq_lens) >= SPLASH_MIN_LEN
   return "splash" if platform == "tpu" and not attention_dropout_rate and pays else "einsum"
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from bert_jax.train.steps import make_steps, planned_bytes
 from bert_jax.parallel import sharding
-from bert_jax.model import flops, precision
+from bert_jax.model import config as model_config, flops, precision
 from bert_jax.planner import hlo
 from bert_jax.errors import ConfigError
 from bert_jax.data.pretraining_data import Batch
@@ -419,7 +419,7 @@ def splash_fix(p: Planner) -> Optional[tuple[dict, str]]:
   with it, and the note says so."""
   if p.platform != "tpu" or p.s.model.attention_kernel == "splash":
     return None
-  if any(ph.seq_len % 128 for ph in p.s.train.phases):
+  if not model_config.splash_tiles_fit([ph.seq_len for ph in p.s.train.phases]):
     return None
   changes: dict[str, Any] = {"model.attention_kernel": "splash"}
   note = ""

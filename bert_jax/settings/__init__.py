@@ -20,6 +20,7 @@ import dataclasses
 
 import ml_collections
 
+from bert_jax.model import config as model_config
 from bert_jax.model.config import BertConfig
 from bert_jax.settings.checks import fail, is_int, positive_int
 from bert_jax.settings.data import DataSettings, MaskingSettings, data_settings
@@ -69,9 +70,10 @@ def _fields(cls, node: ml_collections.ConfigDict, exclude: tuple = ()) -> dict:
 def _check_model_with_recipe(c: ml_collections.ConfigDict, model: BertConfig,
                              init: InitSettings) -> None:
   """Cross-field checks of the model against the data and recipe, before any work."""
-  if model.attention_kernel == "splash" and any(l % 128 for l in c.train.seq_lens):
-    raise fail("train.seq_lens", tuple(c.train.seq_lens), "multiples of 128 with "
-                "--config.model.attention_kernel='splash' (its blocks are TPU tiles of 128)")
+  if model.attention_kernel == "splash" and not model_config.splash_tiles_fit(c.train.seq_lens):
+    raise fail("train.seq_lens", tuple(c.train.seq_lens), f"multiples of {model_config.SPLASH_TILE}"
+               " with --config.model.attention_kernel='splash' (its blocks are TPU tiles of "
+               f"{model_config.SPLASH_TILE})")
   if model.family != "modernbert" and tuple(c.train.get("phase_rope_thetas", ())):
     raise fail("train.phase_rope_thetas", tuple(c.train.phase_rope_thetas), "() with "
                f"--config.model.family={model.family!r} (learned positions have no RoPE base)")
