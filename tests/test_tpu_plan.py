@@ -568,6 +568,47 @@ def test_hlo_reader_keeps_a_computation_past_a_multi_line_attribute():
   assert [c.kind for c in hlo.collectives(module)] == ["all-reduce"]
 
 
+# BERT-Base's attention (12 heads of 64) at its two lengths, and ModernBERT-Base's (12
+# heads of 64, 64 tokens each side: local_attention 128) at 1024, on each slice: compiled
+# at the shapes a real run gives it. The whole step at BERT-Base's size takes minutes a
+# slice to compile here; tools/plan_kernels.py compiles it (tools/results/plan_kernels.md).
+BASE_KERNEL_CASES = [(n, l, None) for n in ("v5e-8", "v5p-8", "v6e-8") for l in (128, 512)] + [
+    (n, 1024, 64) for n in ("v5e-8", "v5p-8", "v6e-8")]
+
+
+@needs_libtpu
+@pytest.mark.parametrize("name, seq_len, window", BASE_KERNEL_CASES,
+                         ids=[f"{n}-L{l}" + (f"-window{w}" if w else "")
+                              for n, l, w in BASE_KERNEL_CASES])
+def test_splash_at_base_shapes_compiles_forward_and_backward_for_each_slice(name, seq_len,
+                                                                           window):
+  """model/splash.attention and its gradients for a 32-row micro-batch a device (BERT-Base's
+  batch 256 on 8 devices) with 12 heads of 64 in bf16, sharded over the slice as the train
+  step shards it: Mosaic kernels (forward, dq, dkv), not the interpreter. Packed and
+  padded rows are the same program (segment ids are data)."""
+  from bert_jax.model import splash
+  t = topology.parse(name)
+  mesh = jax.sharding.Mesh(np.array(topology.devices(t)).reshape(-1, 1), ("data", "model"))
+  P = jax.sharding.PartitionSpec  # noqa: N806
+  rows = 32 * mesh.shape["data"]
+  qkv = jax.ShapeDtypeStruct((rows, seq_len, 12, 64), jnp.bfloat16,
+                             sharding=jax.sharding.NamedSharding(mesh, P("data")))
+  seg = jax.ShapeDtypeStruct((rows, seq_len), jnp.int32,
+                             sharding=jax.sharding.NamedSharding(mesh, P("data")))
+
+  def loss(q, k, v, segments):
+    out = splash.attention(q, k, v, segments, window=window)
+    return jnp.sum(out.astype(jnp.float32) ** 2)
+
+  def step(q, k, v, segments):
+    with precision.target_platform("tpu"), splash.sharded_over(mesh):
+      return jax.grad(loss, argnums=(0, 1, 2))(q, k, v, segments)
+
+  text = jax.jit(step).lower(qkv, qkv, qkv, seg).compile().as_text()
+  # The forward kernel (re-run in the backward pass's residuals) and the dq and dkv kernels.
+  assert text.count('custom_call_target="tpu_custom_call"') >= 2, text[:2000]
+
+
 SPLASH_CASES = [("v5e-8", 128, False, "bert"), ("v5e-8", 128, True, "bert"),
                 ("v5e-8", 512, False, "bert"), ("v5e-8", 512, True, "bert"),
                 ("v5p-8", 512, True, "bert"), ("v6e-8", 512, True, "bert"),
