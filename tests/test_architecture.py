@@ -480,10 +480,11 @@ def test_only_storage_asks_which_storage_a_path_is_on():
         bad.append(f"{name}:{node.lineno} {node.attr}")
       if isinstance(node, ast.ImportFrom) and any(a.name in ("is_gcs", "GCS") for a in node.names):
         bad.append(f"{name}:{node.lineno} import")
-      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)  # x.startswith("gs://")
-          and any(isinstance(a, ast.Constant) and isinstance(a.value, str)
-                  and "://" in a.value for a in node.args)):
-        bad.append(f"{name}:{node.lineno} {node.func.attr}({node.args[0].value!r})")
+      if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):  # x.startswith("gs://")
+        urls = [a.value for a in node.args
+                if isinstance(a, ast.Constant) and isinstance(a.value, str) and "://" in a.value]
+        if urls:
+          bad.append(f"{name}:{node.lineno} {node.func.attr}({urls[0]!r})")
   assert not bad, bad
 
 

@@ -4,6 +4,7 @@ Settings, data and checkpoint code read and check it without importing the model
 """
 
 import dataclasses
+import numbers
 from typing import Any
 
 from bert_jax.errors import ConfigError
@@ -17,18 +18,18 @@ ATTENTION_KERNELS = ("einsum", "jax", "cudnn", "splash")
 # multiple of it (model/splash.py): the one statement of the rule, which the settings'
 # check, 'auto' (model/precision) and the planner's splash fix ask.
 SPLASH_TILE = 128
-
-
-def splash_tiles_fit(seq_lens) -> bool:
-  """Whether every length is a positive multiple of SPLASH_TILE (splash's blocks)."""
-  return bool(seq_lens) and all(isinstance(n, int) and n > 0 and n % SPLASH_TILE == 0
-                                for n in seq_lens)
 REMAT_POLICIES = ("full", "save_dots")
 CPU_FORWARD_DOTS = ("auto", "ynnpack", "eigen")
 ATTENTION_SOFTMAX = ("standard", "deferred")
 
 
 FAMILIES = ("bert", "modernbert")  # model/bert.py, model/modernbert.py
+
+
+def splash_tiles_fit(seq_lens) -> bool:
+  """Whether every length is a positive multiple of SPLASH_TILE (splash's blocks)."""
+  return bool(seq_lens) and all(isinstance(n, numbers.Integral) and n > 0
+                                and n % SPLASH_TILE == 0 for n in seq_lens)
 
 
 @dataclasses.dataclass(frozen=True)
