@@ -111,3 +111,23 @@ def test_the_probe_panel_has_one_standard_error_bars_and_the_majority_line():
   assert half == pytest.approx([(a * (1 - a) / 123) ** 0.5 for a in (0.512, 0.472)])
   assert [tuple(l.get_ydata()) for l in ax.lines if l.get_linestyle() == "--"] == [(0.504, 0.504)]
   plt.close(fig)
+
+
+def test_logging_a_metric_does_not_import_torch(tmp_path):
+  # tensorboardX's writer imports torch when it is installed (seconds of every run's
+  # start); a run that logs floats hides it from that import.
+  import subprocess, sys  # pylint: disable=import-outside-toplevel,multiple-imports
+  pytest.importorskip("torch")  # requirements-peers.txt installs it, as CI does
+  code = ("import sys\n"
+          "from bert_jax.train.reporting import Reporter\n"
+          "r = Reporter(sys.argv[1])\n"
+          "r.write('train', 1, {'loss': 2.5})\n"
+          "r.close()\n"
+          "assert 'torch' not in sys.modules, 'torch imported'\n"
+          "import torch\n"  # and torch itself still imports afterwards
+          "print(torch.ones(1).item())\n")
+  root = __file__.rsplit("/tests/", 1)[0]
+  proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0 and proc.stdout.strip() == "1.0", proc.stderr[-2000:]
+  assert list(tmp_path.glob("tensorboard/events.out.tfevents.*"))

@@ -7,6 +7,7 @@ resumed run shows the whole run.
 import json
 import math
 import numbers
+import sys
 from typing import Any, Optional
 
 import jax
@@ -16,6 +17,23 @@ from bert_jax.errors import ConfigError
 from bert_jax.storage import fs
 from bert_jax.storage.mirror import LogFiles
 from bert_jax.storage.workdir import METRICS, TENSORBOARD, Workdir
+
+
+def _summary_writer() -> type:
+  """tensorboardX's SummaryWriter, imported on first use (only a run that logs pays).
+
+  Its module imports torch when installed, only so it can accept torch tensors: 1.3-3 s
+  of every run's start on a 2-core host, for a run that logs floats. So torch is hidden
+  from that import unless this process has already imported it."""
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    return SummaryWriter
+  sys.modules["torch"] = None  # `import torch` then raises ImportError, which it expects
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
 
 
 def is_record(obj: Any) -> bool:
@@ -52,9 +70,7 @@ class Reporter:
     where = self._tensorboard_dir
     try:  # a full disk: one line (a record cut short is dropped on resume)
       if self._writer is None:
-        # tensorboardX imports torch when installed (+1.3 s a process): only a run that logs pays.
-        from tensorboardX import SummaryWriter  # in-function on purpose, see above
-        self._writer = SummaryWriter(self._logs.folder(TENSORBOARD))
+        self._writer = _summary_writer()(self._logs.folder(TENSORBOARD))
       for k, v in metrics.items():
         self._writer.add_scalar(f"{split}/{k}", float(v), step)
       self._writer.flush()
