@@ -92,7 +92,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
   reporter = Reporter(workdir)
   signals = StopSignals().install()
   ledger = ledger or goodput.Ledger(workdir, jax.process_index() == 0, time.time())
-  failed = False
+  stopped_on: Optional[BaseException] = None
   try:
     state, fresh_source = _restore_or_start(s, ckpts, steps, source, ext)
     if (done := _stored_final_eval(s, state.step, reporter)) is not None:
@@ -116,17 +116,19 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
     total = ledger.total()  # every session of this workdir
     reporter.write("goodput", state.step, total)
     console.log(goodput.describe(total))
-  except BaseException:
-    failed = True
-    ckpts.abandon()  # an interrupted run still finishes the checkpoint it started
+  except BaseException as e:
+    stopped_on = e
+    with fs.giving_up_on(e):  # a bucket that stopped answering is not waited on again
+      ckpts.abandon()  # an interrupted run still finishes the checkpoint it started
     raise
   finally:
     signals.uninstall()
-    _close(reporter, failed)
-    # Also when stopped: the time up to here is this session's. A record that cannot be
-    # written then must not hide the error the run is stopping with.
-    with contextlib.suppress(BertJaxError):
-      ledger.flush()
+    with fs.giving_up_on(stopped_on):
+      _close(reporter, stopped_on is not None)
+      # Also when stopped: the time up to here is this session's. A record that cannot
+      # be written then must not hide the error the run is stopping with.
+      with contextlib.suppress(BertJaxError):
+        ledger.flush()
   plot = reporter.plot(state.step, [ph.start for ph in s.train.phases[1:]])
   console.log(f"final eval @ step {state.step}: {describe_eval(ev)}")
   # The workdir as the user gave it, like the other two (Orbax's own path is absolute).

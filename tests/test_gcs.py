@@ -86,6 +86,17 @@ def test_a_server_that_stops_answering_is_retried_then_one_line(server, fast_ret
     assert "\n" not in str(e.value) and "gs://bkt/retry/x.txt" in str(e.value)
     assert "did not answer in 1 round(s) of retries with backoff" in str(e.value), str(e.value)
     assert 10 < time.monotonic() - start < 90  # retried with backoff, and bounded
+    assert e.value.unanswered == "gs://bkt"
+    # A run stopping on it does not wait on that bucket again (its last writes), only
+    # while it stops, and only on that bucket.
+    with fs.giving_up_on(e.value):
+      start = time.monotonic()
+      with pytest.raises(fs.StorageError, match="gs://bkt/retry/y.txt: not tried, the "
+                         "storage server stopped answering earlier in this run"):
+        fs.write_text("gs://bkt/retry/y.txt", "y")
+      assert time.monotonic() - start < 1 and fs.given_up("gs://bkt/other")
+      assert not fs.given_up("gs://bkt2/x") and not fs.given_up("/tmp/bkt")
+    assert not fs.given_up("gs://bkt/retry/y.txt")
   finally:
     server.start()
   assert fs.read_text("gs://bkt/retry/x.txt") == "x"  # and back once it answers

@@ -96,9 +96,15 @@ def _write_small_arrays_from_one_replica() -> None:
     return
   from orbax.checkpoint._src.metadata import array_metadata_store
   _ONE_REPLICA_REGISTERED.append(True)
-  ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
-      min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
-      array_metadata_store=array_metadata_store.Store()), override=True)
+  absl_log = logging.getLogger("absl")
+  level = absl_log.level
+  absl_log.setLevel(logging.ERROR)  # not Orbax's warning that a handler is overridden
+  try:
+    ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
+        min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
+        array_metadata_store=array_metadata_store.Store()), override=True)
+  finally:
+    absl_log.setLevel(level)
 
 
 def _handlers() -> dict:

@@ -30,9 +30,10 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from bert_jax.storage.retries import (GCS, StorageError, check_bucket, check_path,  # noqa: F401
-                                     configure_clients, env_number, is_gcs, is_transient,
-                                     retrying, storage_error)
+from bert_jax.storage.retries import (GCS, StorageError, bucket_url, check_bucket,  # noqa: F401
+                                     check_path, configure_clients, env_number, given_up,
+                                     giving_up_on, is_gcs, is_transient, retrying,
+                                     storage_error)
 
 T = TypeVar("T")
 

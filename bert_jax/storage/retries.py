@@ -8,12 +8,13 @@ to do. Local paths are never retried here: their OSErrors reach the caller as th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from bert_jax.errors import BertJaxError, ConfigError
@@ -85,6 +86,45 @@ def configure_clients() -> None:
 class StorageError(BertJaxError):
   """A path that cannot be read or written: a bucket that is missing or forbidden, a
   server that stopped answering (after retries), a full or read-only disk."""
+
+  unanswered = ""  # "gs://<bucket>" when its server did not answer (after retries)
+
+
+# Buckets this process has stopped waiting on: a run stops because one did not answer
+# through all retries, and each last write it still owes (the log upload, the goodput
+# record, a listing for the error line) would wait as long again: gcsfs alone tries 6
+# times over about 33 s, whatever bert-jax asks. While the run stops they fail at once;
+# what they hold stays in the local copies and the checkpoints written before.
+_GIVEN_UP: set[str] = set()
+
+
+def unanswered(e: BaseException) -> str:
+  """"gs://<bucket>" when `e` is a bucket's server that did not answer after all
+  retries (a StorageError, or an error that carries one's `unanswered`), else ''."""
+  return getattr(e, "unanswered", "") or ""
+
+
+@contextlib.contextmanager
+def giving_up_on(e: BaseException | None) -> Iterator[None]:
+  """Inside, requests to the bucket that `e` says did not answer fail at once
+  (`retrying` raises, `given_up` is true): a run's last writes as it stops on `e`."""
+  bucket = unanswered(e) if e is not None else ""
+  if bucket:
+    _GIVEN_UP.add(bucket)
+  try:
+    yield
+  finally:
+    _GIVEN_UP.discard(bucket)
+
+
+def given_up(path: Any) -> bool:
+  """True if `path` is on a bucket this process has stopped waiting on (`giving_up_on`)."""
+  return bool(_GIVEN_UP) and is_gcs(path) and bucket_url(path) in _GIVEN_UP
+
+
+def bucket_url(path: Any) -> str:
+  """"gs://<bucket>" of a bucket path."""
+  return f"{GCS}{_bucket_of(str(path))}"
 
 
 def is_gcs(path: Any) -> bool:
@@ -171,6 +211,9 @@ def storage_error(path: str, e: BaseException, doing: str) -> StorageError:
     why = (f"the storage server did not answer in {retry_rounds() + 1} round(s) of retries with "
            f"backoff ({_short(e)}); expected a reachable bucket: rerun the same command "
            "once it is")
+    error = StorageError(f"cannot {doing} {path}: {why}")
+    error.unanswered = bucket_url(path)
+    return error
   else:
     why = f"{_short(e)}"
   return StorageError(f"cannot {doing} {path}: {why}")
@@ -190,6 +233,9 @@ def retrying(path: str, doing: str, fn: Callable[[], T], passthrough: tuple = ()
   the `passthrough` exceptions."""
   if not is_gcs(path):
     return fn()
+  if given_up(path):
+    raise StorageError(f"cannot {doing} {path}: not tried, the storage server stopped "
+                       "answering earlier in this run")
   delay, rounds = backoff_s(), retry_rounds()
   for attempt in range(rounds + 1):
     try:

@@ -16,7 +16,7 @@ import numpy as np
 from bert_jax import console
 from bert_jax.parallel import sharding
 from bert_jax.io import checkpointing
-from bert_jax.storage import outputs, workdir_lock
+from bert_jax.storage import fs, outputs, workdir_lock
 from bert_jax.storage.workdir import Workdir
 from bert_jax.data import bpe
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError
@@ -270,11 +270,13 @@ class RunCheckpoints:
     self.mngr.close()
 
   def _write_error(self, step: Optional[int], e: Exception) -> CheckpointError:
-    try:
-      self.mngr.reload()  # what is on disk, not what was started
-      older = [s for s in self.mngr.all_steps() if s != step]
-    except Exception:  # pylint: disable=broad-except
-      older = None  # the listing failed too: say nothing of what is there
+    older = None  # the listing failed too (or its bucket is not answering): say nothing
+    if not fs.given_up(self.ckpt_dir):
+      try:
+        self.mngr.reload()  # what is on disk, not what was started
+        older = [s for s in self.mngr.all_steps() if s != step]
+      except Exception:  # pylint: disable=broad-except
+        pass
     if older is None:
       known = ("the checkpoints before it could not be listed (the storage did not answer) "
                "and were not touched; rerun the same command once it can be written")
@@ -288,6 +290,8 @@ class RunCheckpoints:
     # their closed event loops) and keep the interpreter from exiting: commands/train
     # ends the process at once after this error's line.
     err.background_failure = True
+    if fs.is_gcs(self.ckpt_dir) and fs.is_transient(e):
+      err.unanswered = fs.bucket_url(self.ckpt_dir)  # a run stopping on it stops waiting
     return err
 
   def abandon(self) -> None:
