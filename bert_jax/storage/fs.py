@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from bert_jax.storage.retries import (GCS, StorageError, bucket_url, check_bucket,  # noqa: F401
                                      check_path, configure_clients, env_number, given_up,
                                      giving_up_on, is_gcs, is_transient, retrying,
-                                     storage_error)
+                                     storage_error, unanswered_bucket)
 
 T = TypeVar("T")
 

@@ -104,6 +104,13 @@ def unanswered(e: BaseException) -> str:
   return getattr(e, "unanswered", "") or ""
 
 
+def unanswered_bucket(path: Any, e: BaseException) -> str:
+  """"gs://<bucket>" when `path` is on a bucket and `e`, a failure of a request there
+  (by a library with its own retries: Orbax's), is its server not answering; else ''.
+  For the `unanswered` of an error raised after such a failure."""
+  return bucket_url(path) if is_gcs(path) and is_transient(e) else ""
+
+
 @contextlib.contextmanager
 def giving_up_on(e: BaseException | None) -> Iterator[None]:
   """Inside, requests to the bucket that `e` says did not answer fail at once

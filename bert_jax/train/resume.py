@@ -290,8 +290,7 @@ class RunCheckpoints:
     # their closed event loops) and keep the interpreter from exiting: commands/train
     # ends the process at once after this error's line.
     err.background_failure = True
-    if fs.is_gcs(self.ckpt_dir) and fs.is_transient(e):
-      err.unanswered = fs.bucket_url(self.ckpt_dir)  # a run stopping on it stops waiting
+    err.unanswered = fs.unanswered_bucket(self.ckpt_dir, e)  # a run stopping on it stops waiting
     return err
 
   def abandon(self) -> None:
