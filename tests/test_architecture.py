@@ -499,3 +499,31 @@ def test_settings_import_only_what_checks_a_config():
          if name.startswith("bert_jax.settings")
          for line, target in _runtime_imports(tree) if not target.startswith(allowed)]
   assert not bad, bad
+
+
+def test_importing_the_package_changes_nothing_outside_it():
+  """Issue 42: no process-wide patching at import. A module's top level defines; it calls
+  nothing and assigns no attribute or item (of a dependency, sys, os.environ): logging
+  filters, hooks and client settings are installed by the code that needs them, when it
+  runs (io/checkpointing's, before its first manager). A custom_vjp's defvjp is a
+  definition."""
+  def top_level(body):  # statements run at import, inside ifs and trys too
+    for node in body:
+      if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+        continue
+      yield node
+      if isinstance(node, (ast.If, ast.Try, ast.With)):
+        yield from top_level(node.body + getattr(node, "orelse", []))
+
+  bad = []
+  for name, tree in _trees().items():
+    for node in top_level(tree.body):
+      if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+          and not (isinstance(node.value.func, ast.Attribute)
+                   and node.value.func.attr == "defvjp")):
+        bad.append(f"{name}:{node.lineno} {ast.unparse(node)[:60]}")
+      targets = (node.targets if isinstance(node, ast.Assign) else
+                 [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+      bad += [f"{name}:{node.lineno} {ast.unparse(t)} =" for t in targets
+              if isinstance(t, (ast.Attribute, ast.Subscript))]
+  assert not bad, bad

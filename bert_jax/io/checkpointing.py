@@ -59,9 +59,6 @@ def _quiet_closed_loop(previous):
   return hook
 
 
-logging.getLogger("absl").addFilter(_OrbaxWriterNoise())
-
-
 def _bound_gcs_retries() -> None:
   """TensorStore retries a GCS request up to 32 times with delays up to 32 s (a quarter
   of an hour against a server that is gone); a run should stop with one line well
@@ -75,8 +72,15 @@ def _bound_gcs_retries() -> None:
     context["gcs_request_retries"] = tensorstore_retries()
 
 
-if not getattr(sys.unraisablehook, "bert_jax", False):
-  sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+def _quiet_orbax_writers() -> None:
+  """The two filters above, installed once a process, when its first manager is made (not
+  at import: a process that imports this module and writes no checkpoint keeps absl's
+  log and its unraisable hook as they were)."""
+  noise = logging.getLogger("absl")
+  if not any(isinstance(f, _OrbaxWriterNoise) for f in noise.filters):
+    noise.addFilter(_OrbaxWriterNoise())
+  if not getattr(sys.unraisablehook, "bert_jax", False):
+    sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
 
 
 # Orbax splits a replicated array into one slice per replica and writes each slice
@@ -111,6 +115,7 @@ def _handlers() -> dict:
   # Registered up front so a manager opened only to read (restore_params)
   # knows each item's format and can report its metadata.
   _bound_gcs_retries()  # every manager is made with these handlers
+  _quiet_orbax_writers()
   _write_small_arrays_from_one_replica()
   return {"params": ocp.StandardCheckpointHandler(),
           "opt_state": ocp.StandardCheckpointHandler(),
