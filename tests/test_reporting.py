@@ -1,6 +1,9 @@
 """metrics.jsonl: lines that are not metrics records are skipped, counted and kept."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -116,7 +119,6 @@ def test_the_probe_panel_has_one_standard_error_bars_and_the_majority_line():
 def test_logging_a_metric_does_not_import_torch(tmp_path):
   # tensorboardX's writer imports torch when it is installed (seconds of every run's
   # start); a run that logs floats hides it from that import.
-  import subprocess, sys  # pylint: disable=import-outside-toplevel,multiple-imports
   pytest.importorskip("torch")  # requirements-peers.txt installs it, as CI does
   code = ("import sys\n"
           "from bert_jax.train.reporting import Reporter\n"
@@ -126,7 +128,7 @@ def test_logging_a_metric_does_not_import_torch(tmp_path):
           "assert 'torch' not in sys.modules, 'torch imported'\n"
           "import torch\n"  # and torch itself still imports afterwards
           "print(torch.ones(1).item())\n")
-  root = __file__.rsplit("/tests/", 1)[0]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=root,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0 and proc.stdout.strip() == "1.0", proc.stderr[-2000:]
