@@ -98,12 +98,6 @@ class StorageError(BertJaxError):
 _GIVEN_UP: set[str] = set()
 
 
-def unanswered(e: BaseException) -> str:
-  """"gs://<bucket>" when `e` is a bucket's server that did not answer after all
-  retries (a StorageError, or an error that carries one's `unanswered`), else ''."""
-  return getattr(e, "unanswered", "") or ""
-
-
 def unanswered_bucket(path: Any, e: BaseException) -> str:
   """"gs://<bucket>" when `path` is on a bucket and `e`, a failure of a request there
   (by a library with its own retries: Orbax's), is its server not answering; else ''.
@@ -113,9 +107,10 @@ def unanswered_bucket(path: Any, e: BaseException) -> str:
 
 @contextlib.contextmanager
 def giving_up_on(e: BaseException | None) -> Iterator[None]:
-  """Inside, requests to the bucket that `e` says did not answer fail at once
-  (`retrying` raises, `given_up` is true): a run's last writes as it stops on `e`."""
-  bucket = unanswered(e) if e is not None else ""
+  """Inside, requests to the bucket that `e` says did not answer (its `unanswered`: a
+  StorageError's, or a CheckpointError's) fail at once (`retrying` raises, `given_up` is
+  true): a run's last writes as it stops on `e`."""
+  bucket = getattr(e, "unanswered", "")
   if bucket:
     _GIVEN_UP.add(bucket)
   try:
@@ -209,6 +204,7 @@ def storage_error(path: str, e: BaseException, doing: str) -> StorageError:
   """One line for a failed `doing` of `path`: what it means and what to do."""
   text = _chain(e)
   bucket = path[len(GCS):].split("/", 1)[0] if is_gcs(path) else ""
+  unanswered = ""
   if is_gcs(path) and _MISSING_BUCKET.search(text):
     why = f"bucket gs://{bucket} does not exist; expected an existing bucket"
   elif is_gcs(path) and _FORBIDDEN.search(text):
@@ -218,12 +214,12 @@ def storage_error(path: str, e: BaseException, doing: str) -> StorageError:
     why = (f"the storage server did not answer in {retry_rounds() + 1} round(s) of retries with "
            f"backoff ({_short(e)}); expected a reachable bucket: rerun the same command "
            "once it is")
-    error = StorageError(f"cannot {doing} {path}: {why}")
-    error.unanswered = bucket_url(path)
-    return error
+    unanswered = bucket_url(path)
   else:
     why = f"{_short(e)}"
-  return StorageError(f"cannot {doing} {path}: {why}")
+  error = StorageError(f"cannot {doing} {path}: {why}")
+  error.unanswered = unanswered
+  return error
 
 
 def _short(e: BaseException) -> str:
