@@ -1,7 +1,7 @@
 """`.ci/run` leaves nothing behind in the temporary directory, pass or fail.
 
-CI machines keep their temporary directory between runs; two environments of
-about 4 GB each, left by every run, once filled a CI machine's disk. The
+CI machines keep their temporary directory between runs; the environments
+(about 4 GB) left by every run once filled a CI machine's disk. The
 script runs here against stub python3/pip/pytest, so no real install happens.
 """
 
@@ -18,7 +18,8 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 # `python3 -m venv DIR` makes DIR/bin/{activate,python,pip}; the venv's python
-# runs `-m pytest` as exit $FAKE_PYTEST_RC and logs every call.
+# runs `-m pytest` as exit $FAKE_PYTEST_RC and logs every call; its pip fails when its
+# arguments contain $FAKE_PIP_FAILS.
 _FAKE_PYTHON3 = r'''#!/usr/bin/env bash
 set -e
 [ "$1 $2" = "-m venv" ] || exit 90
@@ -30,12 +31,12 @@ deactivate() { PATH="\$_OLD_PATH"; }
 _OLD_PATH="\$PATH"; PATH="$d/bin:\$PATH"
 EOS
 printf '#!/usr/bin/env bash\necho "python $*" >> "$CALL_LOG"\n[ "$1 $2" = "-m pytest" ] && exit "${FAKE_PYTEST_RC:-0}"\nexit 0\n' > "$d/bin/python"
-printf '#!/usr/bin/env bash\necho "pip $*" >> "$CALL_LOG"\n' > "$d/bin/pip"
+printf '#!/usr/bin/env bash\necho "pip $*" >> "$CALL_LOG"\ncase "$*" in *"$FAKE_PIP_FAILS"*) exit 1;; esac\n' > "$d/bin/pip"
 chmod +x "$d/bin/python" "$d/bin/pip"
 '''
 
 
-def _run_ci(tmp_path: pathlib.Path, pytest_rc: int) -> subprocess.CompletedProcess:
+def _run_ci(tmp_path: pathlib.Path, pytest_rc: int, pip_fails: str = "no such argument") -> subprocess.CompletedProcess:
   """Runs .ci/run with TMPDIR=tmp_path/tmp, which the caller may have filled."""
   stubs = tmp_path / "stubs"
   stubs.mkdir()
@@ -46,7 +47,7 @@ def _run_ci(tmp_path: pathlib.Path, pytest_rc: int) -> subprocess.CompletedProce
   scratch.mkdir(exist_ok=True)
   log = tmp_path / "calls.log"
   env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", TMPDIR=str(scratch),
-             CALL_LOG=str(log), FAKE_PYTEST_RC=str(pytest_rc))
+             CALL_LOG=str(log), FAKE_PYTEST_RC=str(pytest_rc), FAKE_PIP_FAILS=pip_fails)
   proc = subprocess.run(["bash", str(REPO / ".ci" / "run")], env=env, capture_output=True,
                         text=True, timeout=60)
   return proc
@@ -62,12 +63,23 @@ def test_ci_run_removes_its_environments(tmp_path, pytest_rc):
   assert list(scratch.iterdir()) == []  # and neither environment is left behind
 
 
-def test_ci_run_drops_the_first_environment_before_the_second(tmp_path):
+def test_ci_run_adds_libtpu_only_after_the_main_suite(tmp_path):
+  """The main suite runs without libtpu, as users run it; the TPU tier reuses its environment."""
   proc = _run_ci(tmp_path, 0)
   assert proc.returncode == 0, proc.stderr
-  made = [line for line in (tmp_path / "calls.log").read_text().splitlines()
-          if line.startswith("venv ")]
-  assert made == ["venv venv beside: ", "venv venv-tpu beside: "]  # peak disk: one environment
+  calls = [l for l in (tmp_path / "calls.log").read_text().splitlines()
+           if l.startswith(("venv ", "pip install", "python -m pytest"))]
+  assert calls == ["venv venv beside: ",
+                   "pip install -q -r requirements.txt -r requirements-peers.txt",
+                   "python -m pytest -n 2 --dist worksteal",
+                   "pip install -q -r requirements-tpu.txt",
+                   "python -m pytest -n 2 --dist worksteal tests/test_tpu_plan.py"]
+
+
+def test_ci_run_stops_failed_when_the_main_install_fails(tmp_path):
+  proc = _run_ci(tmp_path, 0, pip_fails="requirements-peers.txt")
+  assert proc.returncode != 0
+  assert "python -m pytest" not in (tmp_path / "calls.log").read_text()
 
 
 def test_ci_run_removes_what_a_killed_run_left(tmp_path):
