@@ -88,7 +88,7 @@ def compile_row(model: str, topo_name: str, phase: int, search: bool, max_compil
   topo = topology.parse(topo_name)
   devices = topology.devices(topo)  # before JAX picks a backend
   from bert_jax import settings as settings_lib
-  from bert_jax.planner import plan as plan_lib, plan_report
+  from bert_jax.planner import fit_search, plan as plan_lib, plan_report
   s = settings_lib.from_config(load_config(*MODELS[model][1:]))
   log = lambda m: print(m, file=sys.stderr, flush=True)
   p = plan_lib.Planner(s, devices, s.data.vocab_size, topo.hbm_bytes_per_device, log)
@@ -104,7 +104,7 @@ def compile_row(model: str, topo_name: str, phase: int, search: bool, max_compil
   if not st.fits and search:
     plan = plan_lib.Plan(topo.describe(), "tpu", topo.num_devices, "", topo.hbm_bytes_per_device,
                          "HBM", {k: int(v) for k, v in p.mesh.shape.items()}, {}, [st])
-    plan_lib.search_fixes(p, plan, [st], max_compiles)
+    fit_search.search_fixes(p, plan, [st], max_compiles)
     out["max_per_device_batch"] = plan.max_per_device_batch
     out["max_batch_exact"] = plan.max_batch_exact
     out["fixes"] = [f.to_dict() for f in plan.fixes]

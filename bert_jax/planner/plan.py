@@ -11,9 +11,9 @@ temporaries and total (`compiled.memory_analysis()`) against the device's
 memory, the FLOPs of one step (analytic, `bert_jax.model.flops`, and XLA's
 `cost_analysis()`), and the step's collectives (`bert_jax.planner.hlo`).
 
-When a train step does not fit, `search_fixes` finds the largest per-device
-batch that does and which of gradient accumulation, FSDP and remat make the
-requested batch fit, each verified by a compile.
+When a train step does not fit, `make_plan` has `bert_jax.planner.fit_search`
+find the largest per-device batch that does and which changes of the config make
+the requested batch fit, each verified by a compile.
 
 Shape legend: B global batch, L sequence length, P max predictions.
 """
@@ -31,9 +31,9 @@ import numpy as np
 
 from bert_jax.train.steps import make_steps, planned_bytes
 from bert_jax.parallel import sharding
-from bert_jax.model import config as model_config, flops, precision
+from bert_jax.model import flops, precision
 from bert_jax.planner import hlo
-from bert_jax.errors import ConfigError
+from bert_jax.planner.fit_search import search_fixes
 from bert_jax.data.pretraining_data import Batch
 from bert_jax.data.tokenizer import MASK, SPECIAL_TOKENS
 from bert_jax.settings import Phase, Settings
@@ -96,18 +96,6 @@ class StepPlan:
 
 
 @dataclasses.dataclass
-class Fix:
-  """A change of the config that was compiled to see whether the train steps then fit."""
-  field: str  # '--config.train.grad_accum_steps=4' (one change may set several fields)
-  fits: bool
-  total_bytes: int  # the largest total of the train steps with it
-  note: str = ""
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
 class Plan:
   target: str  # what was compiled for, in words
   platform: str
@@ -121,7 +109,7 @@ class Plan:
   peak_flops: Optional[float] = None
   max_per_device_batch: Optional[int] = None  # when a train step does not fit
   max_batch_exact: bool = True  # False: the search ran out of compiles; a larger batch may fit
-  fixes: list = dataclasses.field(default_factory=list)  # [Fix]
+  fixes: list = dataclasses.field(default_factory=list)  # [fit_search.Fix]
   versions: dict = dataclasses.field(default_factory=dict)
 
   @property
@@ -218,6 +206,10 @@ class Planner:
         self.s, vocab_size, _SPECIAL_IDS, _MASK_ID,
         np.zeros(vocab_size, bool) if self.s.masking.whole_word else None, mesh=self.mesh)
 
+  def variant(self, s: Settings) -> "Planner":
+    """A planner of other settings on the same devices."""
+    return Planner(s, self.devices, self.vocab_size, self.memory_bytes, self.log)
+
   def check_batch(self, batch_size: int) -> None:
     sharding.check_batch(batch_size, self.mesh, self.s.train.grad_accum_steps)
 
@@ -312,132 +304,6 @@ def make_plan(s: Settings, devices: list, target: str, memory_bytes: Optional[in
   if failing and search:
     search_fixes(p, plan, failing, max_search_compiles)
   return plan
-
-
-def _phase(p: Planner, index: int) -> Phase:
-  return next(ph for ph in p.s.train.phases if ph.index == index)
-
-
-def largest_fitting(measure: Callable[[int], tuple[bool, int]], failing: int, failing_total: int,
-                    memory: int, step: int = 1, max_compiles: int = 12,
-                    fixed_bytes: int = 0) -> tuple[int, bool]:
-  """(rows, exact): the largest multiple of `step` below `failing` rows seen to fit.
-
-  `measure` compiles and returns (fits, total bytes; 0 when unknown). Memory
-  grows about linearly with the batch, so each guess interpolates between the
-  largest batch known to fit and the smallest known not to (the first from
-  what the failing compile said it needs against `memory`, and `fixed_bytes`,
-  what a batch of none would need: the state); a guess that does
-  not halve the interval is followed by a plain bisection. `rows` is 0 when no
-  batch was seen to fit; `exact` says whether `rows + step` was seen not to, and is
-  False when `max_compiles` ran out first (`rows` is then a lower bound, still
-  verified by a compile, that gradient accumulation can use).
-  """
-  lo, lo_total = 0, fixed_bytes  # in units of `step` rows
-  hi, hi_total = failing // step, failing_total
-  same_side, last = 0, None
-  for _ in range(max_compiles):
-    if hi - lo <= 1:
-      return lo * step, True
-    guess = (lo + hi) // 2
-    if hi_total > lo_total and same_side < 2:  # interpolate: rows where total == memory
-      guess = lo + int((memory - lo_total) * (hi - lo) / (hi_total - lo_total))
-    guess = min(max(guess, lo + 1), hi - 1)
-    fits, total = measure(guess * step)
-    side = "lo" if fits else "hi"
-    same_side = same_side + 1 if side == last else 1
-    last = side
-    if fits:
-      lo, lo_total = guess, total
-    else:
-      hi, hi_total = guess, total or hi_total
-  return lo * step, hi - lo <= 1
-
-
-def search_fixes(p: Planner, plan: Plan, failing: list, max_compiles: int = 12) -> None:
-  """Fills plan.max_per_device_batch and plan.fixes for the train steps that do not fit."""
-  worst = max(failing, key=lambda st: (st.seq_len, st.total_bytes))
-  ph = _phase(p, worst.phase)
-  data = p.mesh.shape[sharding.DATA]
-  accum = p.s.train.grad_accum_steps
-
-  def measure(per_device: int) -> tuple[bool, int]:
-    st = p.compile_step("train", ph, per_device * data)
-    return st.fits, st.total_bytes
-
-  p.log(f"searching the largest per-device batch that fits {worst.name} ...")
-  best, plan.max_batch_exact = largest_fitting(
-      measure, worst.per_device_batch, worst.total_bytes, p.memory_bytes or 0, accum,
-      max_compiles, worst.params_bytes + worst.opt_state_bytes)
-  plan.max_per_device_batch = best if best or plan.max_batch_exact else None
-
-  # Which single change makes the requested batch fit (each verified by compiling every
-  # train step that did not fit).
-  def try_fix(changes: dict[str, Any], note: str = "") -> None:
-    """One change of one or more fields ('section.name': value)."""
-    s2 = p.s
-    for field, value in changes.items():
-      s2 = _override(s2, field, value)
-    flags = " ".join(f"--config.{field}={value}" for field, value in changes.items())
-    try:
-      p2 = Planner(s2, p.devices, p.vocab_size, p.memory_bytes, p.log)
-      p2.check_batch(s2.train.batch_size)
-    except ConfigError as e:
-      plan.fixes.append(Fix(flags, False, 0, str(e)))
-      return
-    p.log(f"trying {flags} ...")
-    steps = [p2.compile_step("train", _phase(p2, st.phase)) for st in failing]
-    plan.fixes.append(Fix(flags, all(st.fits for st in steps),
-                          max(st.total_bytes for st in steps), note))
-
-  if p.s.mesh.param_sharding != "fsdp":
-    try_fix({"mesh.param_sharding": "fsdp"})
-  splash = splash_fix(p)
-  if splash:
-    try_fix(*splash)
-  # Full remat only: remat_policy=save_dots needs as much memory here in the one case
-  # measured (BERT-Large, 512, v6e-8), and libtpu's compile of it can crash the process
-  # (docs/multi-host-and-tpu.md), which would end the search.
-  if not p.s.model.remat:
-    try_fix({"model.remat": True} if p.s.model.remat_policy == "full" else
-            {"model.remat": True, "model.remat_policy": "full"})
-  elif p.s.model.remat_policy != "full":
-    try_fix({"model.remat_policy": "full"})
-  per_device = worst.per_device_batch
-  if plan.max_per_device_batch:
-    # Micro-batches no larger than the largest batch that fits; the steps must divide evenly.
-    want = -(-per_device // plan.max_per_device_batch)
-    options = [a for a in range(want, per_device + 1) if per_device % a == 0]
-    if options:
-      try_fix({"train.grad_accum_steps": options[0]},
-              f"micro-batches of {per_device // options[0]} per device")
-
-
-def splash_fix(p: Planner) -> Optional[tuple[dict, str]]:
-  """Splash attention as a change to try (TPU only; every length a multiple of 128): it
-  keeps no [B, H, L, L] scores. It has no attention dropout, so a nonzero rate goes to 0
-  with it, and the note says so."""
-  if p.platform != "tpu" or p.s.model.attention_kernel == "splash":
-    return None
-  if not model_config.splash_tiles_fit([ph.seq_len for ph in p.s.train.phases]):
-    return None
-  changes: dict[str, Any] = {"model.attention_kernel": "splash"}
-  note = ""
-  if p.s.model.attention_dropout_rate:
-    changes["model.attention_dropout_rate"] = 0.0
-    note = "splash has no attention dropout"
-  return changes, note
-
-
-def _override(s: Settings, field: str, value: Any) -> Settings:
-  section, name = field.split(".")
-  if section == "mesh":
-    return dataclasses.replace(s, mesh=dataclasses.replace(s.mesh, **{name: value}))
-  if section == "model":
-    return dataclasses.replace(s, model=dataclasses.replace(s.model, **{name: value}))
-  if section == "train":
-    return dataclasses.replace(s, train=dataclasses.replace(s.train, **{name: value}))
-  raise ValueError(field)
 
 
 def versions() -> dict:
