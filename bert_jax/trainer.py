@@ -129,12 +129,19 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
       # be written then must not hide the error the run is stopping with.
       with contextlib.suppress(BertJaxError):
         ledger.flush()
-  plot = reporter.plot(state.step, [ph.start for ph in s.train.phases[1:]])
+  plot = _plot(reporter, s, state.step)
   console.log(f"final eval @ step {state.step}: {describe_eval(ev)}")
   # The workdir as the user gave it, like the other two (Orbax's own path is absolute).
   console.log(f"checkpoints: {checkpoint_dir(workdir)}; TensorBoard: "
               f"{Workdir(workdir).tensorboard}; plot: {plot}")
   return ev
+
+
+def _plot(reporter, s: Settings, step: int) -> str:
+  """training_curves.png (its path), unless --config.plot=False."""
+  if not s.run.plot:
+    return "none (--config.plot=False)"
+  return reporter.plot(step, [ph.start for ph in s.train.phases[1:]])
 
 
 def _hooks(s: Settings, workdir: str, ledger: goodput.Ledger) -> Hooks:

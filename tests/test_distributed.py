@@ -45,6 +45,7 @@ TINY = [
     # Probes on several processes have their own test (test_distributed_probes.py); here
     # they would only lengthen each run's exposure to gloo's 30 s start-up window.
     "--config.probe.tasks=()",
+    "--config.plot=False",  # matplotlib: 2.5 s of every run
 ]
 
 

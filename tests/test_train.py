@@ -40,7 +40,9 @@ def _params(workdir):
 def toy_run(tmp_path_factory):
   """One short run on the tutorial's toy tab corpus, shared by read-only tests."""
   workdir = tmp_path_factory.mktemp("toy")
-  return str(workdir), train_and_evaluate(_config(), str(workdir))
+  c = _config()
+  c.plot = True  # the default, which tiny_run turns off
+  return str(workdir), train_and_evaluate(c, str(workdir))
 
 
 def test_toy_tab_corpus_trains_and_writes_outputs(toy_run):
@@ -76,6 +78,7 @@ def test_interrupted_run_resumes_to_identical_parameters(tmp_path, monkeypatch):
   config = lambda: _with_cache(_config(steps=12), tmp_path)
   straight = tmp_path / "straight"
   train_and_evaluate(config(), str(straight))
+  assert not (straight / "training_curves.png").exists()  # tiny_run's --config.plot=False
 
   crashed = tmp_path / "crashed"
   real_next = input_pipeline.TrainIterator.__next__

@@ -15,7 +15,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = os.path.join(ROOT, "data", "corpus.txt")
 MODEL = {"model.hidden_size": 32, "model.num_heads": 2, "model.intermediate_size": 64}
 BASE = {"data.corpus": TOY, "data.dupe_factor": 2, **MODEL, "train.batch_size": 16,
-        "train.warmup_steps": 2, "progress_bar": False}
+        "train.warmup_steps": 2, "progress_bar": False,
+        # matplotlib's import and render: 2.5 s of every finished run; the tests of the
+        # plot ask for it.
+        "plot": False}
 
 
 def overrides(**extra) -> dict:

@@ -34,6 +34,7 @@ class RunSettings:
   checkpoint_every: int = 10_000
   keep_checkpoints: int = 3
   progress_bar: bool = True
+  plot: bool = True  # training_curves.png at the end
   compile_cache_dir: str = ""  # JAX persistent compilation cache ('' = off)
   watchdog_s: float = 0.0  # train/watchdog: no step for this long dumps the stacks (0 = off)
   watchdog_exit: bool = False  # and then exits with status 3
