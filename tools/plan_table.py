@@ -172,7 +172,7 @@ def _fix_text(r: dict) -> str:
            else "no batch / device fits" if m == 0 else "largest batch / device: not found"]
   for f in r.get("fixes", []):
     size = f" ({f['total_bytes'] / GIB:.1f} GiB)" if f["total_bytes"] else ""
-    parts.append(f"`{f['field'].removeprefix('--config.')}` "
+    parts.append(f"`{f['field'].replace('--config.', '')}` "
                  f"{'fits' if f['fits'] else 'does not fit'}{size}")
   return "; ".join(parts)
 
