@@ -12,7 +12,7 @@ from test_tpu_plan import tiny_settings
 
 
 @pytest.mark.slow
-def test_local_plan_on_cpu_devices_replicated_and_fsdp(tmp_path):
+def test_local_plan_on_cpu_devices_replicated_and_fsdp():
   devices = jax.devices()
   assert len(devices) == 8
   plans = {}
