@@ -7,8 +7,8 @@ and which changes of the config make the requested batch fit, each verified by a
 `plan.fixes` ([Fix]). The changes tried: FSDP, splash attention (TPU), full remat,
 and gradient accumulation with micro-batches no larger than the largest batch that
 fits; when that accumulation does not fit (its float32 gradient sum sits beside the
-gradients), the same accumulation with full remat, or with remat already full, the
-next smaller micro-batch.
+gradients), the same accumulation with full remat when remat alone did not fit, else
+the next smaller micro-batch.
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def search_fixes(p, plan, failing: list, max_compiles: int = 12) -> None:
   # measured (BERT-Large, 512, v6e-8), and libtpu's compile of it can crash the process
   # (docs/multi-host-and-tpu.md), which would end the search.
   remat = full_remat(p.s)
-  if remat:
-    try_fix(remat)
+  if remat and try_fix(remat):
+    remat = {}  # fits alone: with accumulation too would say nothing new
   if plan.max_per_device_batch:
     _try_accumulation(try_fix, worst.per_device_batch, plan.max_per_device_batch, remat)
 
@@ -124,9 +124,9 @@ def _try_accumulation(try_fix: Callable[..., bool], per_device: int, largest: in
                       remat: dict) -> None:
   """Micro-batches no larger than the largest batch that fits (the steps must divide the
   batch evenly). Accumulation keeps a float32 sum of the gradients beside them, so that
-  micro-batch can still be too large: then the same accumulation with full remat (which
-  frees the activations, ModernBERT-Large at 1024 on v5e-8), or with remat already full,
-  the next smaller micro-batch."""
+  micro-batch can still be too large: then the same accumulation with `remat` (full remat
+  where it did not fit alone: it frees the activations, ModernBERT-Large at 1024 on
+  v5e-8), or without it, the next smaller micro-batch."""
   want = -(-per_device // largest)
   options = [a for a in range(want, per_device + 1) if per_device % a == 0]
   if not options:
