@@ -170,12 +170,14 @@ def in_process_compile_cache(cache_dir: str):
     compilation_cache.reset_cache()
 
 
-def complete_steps(workdir: str) -> list[int]:
-  """Steps whose checkpoint folder was renamed into place (Orbax's commit)."""
+def complete_steps(workdir: str, bucket: bool = False) -> list[int]:
+  """Steps whose checkpoint Orbax committed: the folder renamed into place on a local disk,
+  a `commit_success.txt` in it in a bucket (`workdir` is then the server's copy of it)."""
   ckpt = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(ckpt):
     return []
-  return sorted(int(n) for n in os.listdir(ckpt) if n.isdigit())
+  return sorted(int(n) for n in os.listdir(ckpt) if n.isdigit() and (
+      not bucket or os.path.exists(os.path.join(ckpt, n, "commit_success.txt"))))
 
 
 def tmp_dirs(workdir: str) -> list[str]:

@@ -2,7 +2,9 @@
 
 Every run is a `python train.py` subprocess (a process has one device count and
 one distributed setup for life). The two-process runs use the loopback address
-and 4 simulated CPU devices each; the reference is one process with 8.
+and 4 simulated CPU devices each, and write one gs:// workdir (a real GCS server,
+tests/gcs_server.py; a local folder where its wheel is not installed), as TPU pods
+do; the reference is one process with 8, on a local disk.
 
 All runs share one schedule: with warmup longer than the run, the learning rate
 is lr * step / warmup whatever `num_steps` is, so a run stopped at step 12 by
@@ -22,7 +24,9 @@ import time
 import numpy as np
 import pytest
 
+from gcs_server import binary as gcs_server_binary
 import multiprocess_runs as multiprocess
+import soak_kill
 
 pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
 
@@ -42,9 +46,7 @@ TINY = [
     "--config.train.warmup_steps=1000",
     "--config.log_every=1", f"--config.checkpoint_every={HALF}",
     "--config.eval_every=1000", "--config.eval_batches=1", "--config.progress_bar=False",
-    # Probes on several processes have their own test (test_distributed_probes.py); here
-    # they would only lengthen each run's exposure to gloo's 30 s start-up window.
-    "--config.probe.tasks=()",
+    "--config.probe.tasks=()",  # the runs of `runs` below set their own
     "--config.plot=False",  # matplotlib: 2.5 s of every run
 ]
 
@@ -129,6 +131,30 @@ def _two_processes(workdir: str, steps: int, data: tuple[str, str]) -> dict:
                            f"--process_id={i}"], 4) for i in range(2)}
 
 
+def _write_task(directory: str) -> str:
+  """A plain task: label 'yes' when the text contains 'the' (3 times), from the corpus's words.
+  Random features read it well above chance, so features gathered wrongly across processes
+  would change its accuracy (the shipped `word_order` is near chance on a model this small)."""
+  with open(os.path.join(ROOT, "data", "corpus.txt"), encoding="utf-8") as f:
+    words = sorted({w for line in f for w in line.split()} - {"the"})
+  rs = np.random.RandomState(0)
+  os.makedirs(directory)
+  for split, n in (("train", 160), ("dev", 80)):
+    with open(os.path.join(directory, f"{split}.tsv"), "w", encoding="utf-8") as f:
+      f.write("label\ttext\n")
+      for i in range(n):
+        text = list(rs.choice(words, size=rs.randint(2, 6)))
+        for _ in range(3 if i % 2 else 0):  # a strong signal in mean-pooled features
+          text.insert(rs.randint(len(text) + 1), "the")
+        f.write(f"{'yes' if i % 2 else 'no'}\t{' '.join(text)}\n")
+  return directory
+
+
+def _probe_rows(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [r for r in map(json.loads, filter(str.strip, f)) if r["split"] == "probe"]
+
+
 def _losses(workdir: str) -> dict[int, float]:
   """Per-step train loss from metrics.jsonl (written by process 0 only)."""
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
@@ -143,29 +169,49 @@ def _resumed_at(stdout: str, step: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
+def runs(tmp_path_factory, request) -> dict:
   """Every launch of this module, independent ones side by side (2 cores).
 
   reference        1 process, 8 devices, steps 0-24 uninterrupted; prepares the data
-  two_processes    2 processes x 4 devices: steps 0-12, then a rerun resumes to 24
+  two_processes    2 processes x 4 devices, FSDP, on gs://bkt/two_processes: steps 0-12,
+                   then a rerun resumes to 24
   device_counts    the reference's step-12 checkpoint on 1 device to 18, then 8 to 24
+
+  The reference and the two processes probe at steps 12 and 24 (PROBES).
   """
   root = tmp_path_factory.mktemp("distributed")
   jit, data, logs = str(root / "jit"), str(root / "data"), str(root / "logs")
-  ref, multi, counts = (str(root / n) for n in ("reference", "two_processes", "device_counts"))
+  ref, counts = str(root / "reference"), str(root / "device_counts")
+  # Each process writes its own shards of every checkpoint into the one bucket workdir.
+  # (Each two-process launch costs process 1 a full compile: JAX writes the compilation
+  # cache from process 0 only, and on CPU the processes' keys differ. So the bucket and
+  # the local-disk two-process runs are one run here, not one each.)
+  server = request.getfixturevalue("server") if gcs_server_binary() else None
+  multi, local = ("gs://bkt/two_processes", os.path.join(server.root, "bkt", "two_processes")
+                  ) if server else (str(root / "two_processes"),) * 2
   # Process 0 uses the reference's prepared data; process 1 has a cache of its
   # own (a host with local disk), which it must fill from process 0's vocabulary.
   pair_data = (data, str(root / "process1_local_data"))
-  out = {"reference": _run({"ref": _one_process(ref, STEPS, 8, data)}, logs, jit)["ref"]}
+  probes = [f"--config.probe.tasks=('word_order','{_write_task(str(root / 'has_the'))}')",
+            "--config.probe.max_examples=80", f"--config.eval_every={HALF}"]
+
+  def two_processes(steps: int) -> dict:
+    return {name: ([*args, *probes, "--config.mesh.param_sharding=fsdp"], devices)
+            for name, (args, devices) in _two_processes(multi, steps, pair_data).items()}
+
+  args, devices = _one_process(ref, STEPS, 8, data)
+  out = {"reference": _run({"ref": ([*args, *probes], devices)}, logs, jit)["ref"]}
   shutil.copytree(os.path.join(ref, "checkpoints", str(HALF)),
                   os.path.join(counts, "checkpoints", str(HALF)))
-  first = _run({**_two_processes(multi, HALF, pair_data),
+  first = _run({**two_processes(HALF),
                 "one_device": _one_process(counts, HALF + HALF // 2, 1, data)}, logs + "1", jit)
-  first_losses = _losses(multi)
-  second = _run({**_two_processes(multi, STEPS, pair_data),
+  first_losses = _losses(local)
+  second = _run({**two_processes(STEPS),
                  "eight_devices": _one_process(counts, STEPS, 8, data)}, logs + "2", jit)
-  return {"reference": _losses(ref), "two_processes": _losses(multi),
+  return {"reference": _losses(ref), "two_processes": _losses(local),
           "two_processes_first": first_losses, "device_counts": _losses(counts),
+          "probes": {"reference": _probe_rows(ref), "two_processes": _probe_rows(local)},
+          "complete": soak_kill.complete_steps(local, bucket=server is not None),
           "stdout": {**out, "first": first, "second": second}}
 
 
@@ -181,6 +227,32 @@ def test_two_processes_match_one_process_through_a_stop_and_resume(runs):
   assert sorted(losses) == sorted(expected) == list(range(1, STEPS + 1))
   np.testing.assert_allclose([losses[s] for s in sorted(losses)],
                              [expected[s] for s in sorted(expected)], rtol=0, atol=1e-5)
+  assert runs["complete"] == [HALF, STEPS]  # both processes' shards of both checkpoints
+
+
+def test_two_processes_log_the_probes_of_one_through_a_stop_and_resume(runs):
+  expected, got = runs["probes"]["reference"], runs["probes"]["two_processes"]
+  assert [r["step"] for r in got] == [r["step"] for r in expected] == [HALF, STEPS]
+  for e, g in zip(expected, got):
+    assert set(g) == set(e)
+    assert e["has_the/accuracy"] >= 0.7  # random features read the word: a wrong gather not
+    for key in e:
+      if key.endswith("accuracy"):
+        # Features agree to float rounding; at most one example may fall the other way.
+        n = e[key.split("/")[0] + "/num_eval"]
+        assert abs(g[key] - e[key]) <= 1.0 / n + 1e-9, (key, g[key], e[key])
+      else:
+        assert g[key] == pytest.approx(e[key], abs=1e-6), key  # majority, counts, step
+
+
+def test_only_process_0_prints(runs):
+  for launch in ("first", "second"):
+    stdout = runs["stdout"][launch]
+    assert f"probe @ {HALF if launch == 'first' else STEPS}: word_order accuracy " in stdout[
+        "process0"], stdout["process0"]
+    # Process 1 says only what it does alone: preparing its host-local data cache.
+    lines = multiprocess.own_lines(stdout["process1"])
+    assert [l for l in lines if not l.startswith(("Preparing ", "Prepared "))] == [], lines
 
 
 def test_training_resumes_across_device_counts(runs):

@@ -274,11 +274,7 @@ def _mirror(server, name: str) -> str:
 
 
 def _complete_steps(server, name: str) -> list[int]:
-  ckpt = os.path.join(_mirror(server, name), "checkpoints")
-  if not os.path.isdir(ckpt):
-    return []
-  return sorted(int(n) for n in os.listdir(ckpt)
-                if n.isdigit() and os.path.exists(os.path.join(ckpt, n, "commit_success.txt")))
+  return soak_kill.complete_steps(_mirror(server, name), bucket=True)
 
 
 @pytest.fixture(scope="module")
@@ -482,49 +478,11 @@ def test_features_and_probe_read_a_checkpoint_in_a_bucket(server, local_referenc
 
 
 @pytest.mark.slow
-def test_two_processes_on_one_bucket_workdir_equal_one_process_of_eight_devices(
-    server, tmp_path):
-  """2 processes x 4 devices write one gs:// workdir (each its own checkpoint shards), stop
-  at step 12 and resume to 24: the losses are those of 1 process x 8 devices on a local
-  disk. Both read the data the reference prepared: a process that prepared its own while
-  the other waited at the first collective could miss gloo's 30 s start-up window, and a
-  run that missed it is started once more, in a fresh workdir (as launch_retrying does)."""
-  import numpy as np
-  import multiprocess_runs as multiprocess
-  import test_distributed as dist
-  jit, data, logs = str(tmp_path / "jit"), str(tmp_path / "data"), str(tmp_path / "logs")
-  ref = str(tmp_path / "reference")
-  dist._run({"ref": dist._one_process(ref, dist.STEPS, 8, data)}, logs, jit)
-
-  def two(name: str, steps: int) -> dict[str, str]:
-    runs = {p: ([sys.executable, dist.TRAIN, *dist.TINY, *args], devices) for p, (args, devices)
-            in dist._two_processes(f"gs://bkt/{name}", steps, (data, data)).items()}
-    return multiprocess.launch(runs, logs, jit, ROOT)
-
-  for name in ("two", "two-again"):
-    try:
-      first = two(name, dist.HALF)
-      second = two(name, dist.STEPS)
-      break
-    except multiprocess.LaunchFailed as e:
-      if multiprocess.GLOO_STARTUP not in str(e) or name == "two-again":
-        raise
-  assert "8 cpu devices in 2 processes" in first["process0"]
-  assert dist._resumed_at(second["process0"], dist.HALF), second["process0"]
-  got, expected = dist._losses(_mirror(server, name)), dist._losses(ref)
-  assert sorted(got) == sorted(expected) == list(range(1, dist.STEPS + 1))
-  np.testing.assert_allclose([got[s] for s in sorted(got)],
-                             [expected[s] for s in sorted(expected)], rtol=0, atol=1e-5)
-  assert _complete_steps(server, name) == [dist.HALF, dist.STEPS]
-
-
-@pytest.mark.slow
 def test_finetune_save_and_convert_to_hf_to_and_from_a_bucket(server, tmp_path):
   from test_finetune import VOCAB, CONFIG, _write_task
   import jax
   from bert_jax.commands import finetune as finetune_cli
   from bert_jax.io import checkpointing, convert
-  from bert_jax.commands import convert as convert_cli
   from bert_jax.storage import fs
   from bert_jax.model.family import init_params
   ckpt = str(tmp_path / "pretrained")
@@ -582,7 +540,7 @@ def test_a_task_folder_in_a_bucket_is_read(server):
 @pytest.mark.slow
 def test_convert_from_hf_reads_a_model_in_a_bucket(server, tmp_path):
   from test_init_from import write_source
-  from bert_jax.io import checkpointing, convert
+  from bert_jax.io import checkpointing
   from bert_jax.commands import convert as convert_cli
   from bert_jax.storage import fs
   src = write_source(str(tmp_path / "hf"), heads=True)
