@@ -177,7 +177,7 @@ def runs(tmp_path_factory, request) -> dict:
                    then a rerun resumes to 24
   device_counts    the reference's step-12 checkpoint on 1 device to 18, then 8 to 24
 
-  The reference and the two processes probe at steps 12 and 24 (PROBES).
+  The reference and the two processes also probe (`probes`) at steps 12 and 24.
   """
   root = tmp_path_factory.mktemp("distributed")
   jit, data, logs = str(root / "jit"), str(root / "data"), str(root / "logs")
