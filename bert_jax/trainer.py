@@ -119,7 +119,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
   except BaseException as e:
     stopped_on = e
     with fs.giving_up_on(e):  # a bucket that stopped answering is not waited on again
-      ckpts.abandon()  # an interrupted run still finishes the checkpoint it started
+      ckpts.abandon(e)  # an interrupted run still finishes the checkpoint it started
     raise
   finally:
     signals.uninstall()

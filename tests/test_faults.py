@@ -33,6 +33,7 @@ from bert_jax.parallel import sharding
 from bert_jax.io import checkpointing
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError, NonFiniteError, Preempted
+from bert_jax.storage.retries import StorageError
 from bert_jax.data.pretraining_data import Batch
 from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.train.steps import TrainSteps
@@ -367,6 +368,32 @@ def test_a_checkpoint_with_nan_parameters_is_never_written(base, reference, tmp_
     ckpts.save(RunState(4, 0, params, opt_state), settings.from_config(c).train.phases[0], 0)
   ckpts.abandon()
   assert os.listdir(tmp_path / "checkpoints") == []
+
+
+def test_a_save_that_fails_while_the_run_stops_on_another_error_ends_the_process_at_once(
+    base, reference, tmp_path, monkeypatch, capfd):
+  # The run stops on one error (a bucket that stopped answering at a log point) while a
+  # checkpoint is in flight, and that write fails too: its Orbax threads and abandoned
+  # asyncio futures would print tracebacks at the interpreter's end, after the error line
+  # (seen on a 2-core host in test_gcs's server-dies test), so the stopping error must end
+  # the process at once, as the write's own error does.
+  c, t = _trainer(base, reference)
+  params, opt_state = t.init_state()
+  ckpts = RunCheckpoints(str(tmp_path / "checkpoints"), 3, t, {})
+  ckpts.save(RunState(4, 0, params, opt_state), settings.from_config(c).train.phases[0], 0)
+  real_wait = ckpts.mngr.wait_until_finished
+
+  def failed_write():
+    real_wait()
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(ckpts.mngr, "wait_until_finished", failed_write)
+  cause = StorageError("cannot write gs://b/run/goodput/x.json: the storage server did not answer")
+  ckpts.abandon(cause)
+  assert getattr(cause, "background_failure", False)
+  assert "warning: could not write checkpoint" in capfd.readouterr().err
+  other = StorageError("a stop with no checkpoint in flight")
+  ckpts.abandon(other)
+  assert not getattr(other, "background_failure", False)
 
 
 def test_a_step_with_infinite_loss_changes_nothing_and_is_counted(base, reference):

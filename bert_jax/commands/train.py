@@ -106,7 +106,10 @@ def _train(args: argparse.Namespace, config) -> None:
     if (signum := stop_requested()) is not None:
       _ended(signum, None)
   except Preempted as e:  # SIGTERM/SIGINT during training: checkpointed, resumable
-    _last_line(f"interrupted: {e}")
+    threads_failed = getattr(e, "background_failure", False)  # its checkpoint's write
+    _last_line(f"interrupted: {e}", threads_failed)
+    if threads_failed:
+      _exit_now(128 + e.signum)
     sys.exit(128 + e.signum)  # 143 for SIGTERM, 130 for SIGINT, as the shell reports them
   except BertJaxError as e:
     threads_failed = getattr(e, "background_failure", False)

@@ -293,13 +293,20 @@ class RunCheckpoints:
     err.unanswered = fs.unanswered_bucket(self.ckpt_dir, e)  # a run stopping on it stops waiting
     return err
 
-  def abandon(self) -> None:
-    """After an error: finish the checkpoint in flight, never hiding the error."""
+  def abandon(self, cause: Optional[BaseException] = None) -> None:
+    """After an error (`cause`): finish the checkpoint in flight, never hiding the error.
+
+    If that write fails too, `cause` is marked as the write's own error is: Orbax's
+    threads and abandoned tasks of the failed write print tracebacks until the
+    interpreter ends (issue 41), so the command ends the process at once after its line.
+    """
     try:
       if self._saving is not None:
         self.finish_save()
     except BertJaxError as e:
       console.warn(f"warning: {e}")
+      if isinstance(cause, BertJaxError):
+        cause.background_failure = True
     try:
       self.mngr.close()
     except Exception:  # pylint: disable=broad-except
