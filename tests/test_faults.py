@@ -370,7 +370,7 @@ def test_a_checkpoint_with_nan_parameters_is_never_written(base, reference, tmp_
   assert os.listdir(tmp_path / "checkpoints") == []
 
 
-def test_a_save_that_fails_while_the_run_stops_on_another_error_ends_the_process_at_once(
+def test_a_save_that_fails_while_the_run_stops_on_another_error_marks_that_error_to_exit_at_once(
     base, reference, tmp_path, monkeypatch, capfd):
   # The run stops on one error (a bucket that stopped answering at a log point) while a
   # checkpoint is in flight, and that write fails too: its Orbax threads and abandoned
