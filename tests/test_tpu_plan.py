@@ -20,6 +20,7 @@ from bert_jax.model import precision
 from bert_jax.planner import fit_search, hlo, plan as plan_lib, plan_report, topology
 from bert_jax.errors import TopologyError
 
+import configs.base as base
 import configs.tiny as tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -249,6 +250,7 @@ def test_hlo_collectives_count_loops_fusions_and_async_pairs():
 def test_hlo_dots_and_host_callbacks():
   assert hlo.dots(_HLO) == [("bf16", "bf16", "f32", "jit(f)/dot_general")]
   assert hlo.host_transfers(_HLO) == ["custom-call cb (xla_ffi_python_cpu_callback)"]
+  assert hlo.custom_call_targets(_HLO) == {"xla_ffi_python_cpu_callback": 1}
 
 
 def test_host_callback_of_a_real_compiled_step_is_found():
@@ -579,22 +581,19 @@ def test_hlo_reader_keeps_a_computation_past_a_multi_line_attribute():
   assert [c.kind for c in hlo.collectives(module)] == ["all-reduce"]
 
 
-# BERT-Base's attention (12 heads of 64) at its two lengths, and ModernBERT-Base's (12
-# heads of 64, 64 tokens each side: local_attention 128) at 1024, on each slice: compiled
-# at the shapes a real run gives it. The whole step at BERT-Base's size takes minutes a
-# slice to compile here; tools/plan_kernels.py compiles it (tools/results/plan_kernels.md).
-BASE_KERNEL_CASES = [(n, l, None) for n in ("v5e-8", "v5p-8", "v6e-8") for l in (128, 512)] + [
-    (n, 1024, 64) for n in ("v5e-8", "v5p-8", "v6e-8")]
+# ModernBERT-Base's attention (12 heads of 64, 64 tokens each side: local_attention 128) at
+# 1024 tokens on each slice: the sliding-window (LocalMask) kernel at the shapes a real run
+# gives it. BERT-Base's full-mask kernel is in the whole-step tests below.
+WINDOW_KERNEL_CASES = [(n, 1024, 64) for n in ("v5e-8", "v5p-8", "v6e-8")]
 
 
 @needs_libtpu
-@pytest.mark.parametrize("name, seq_len, window", BASE_KERNEL_CASES,
-                         ids=[f"{n}-L{l}" + (f"-window{w}" if w else "")
-                              for n, l, w in BASE_KERNEL_CASES])
-def test_splash_at_base_shapes_compiles_forward_and_backward_for_each_slice(name, seq_len,
-                                                                           window):
-  """model/splash.attention and its gradients for a 32-row micro-batch a device (BERT-Base's
-  batch 256 on 8 devices) with 12 heads of 64 in bf16, sharded over the slice as the train
+@pytest.mark.parametrize("name, seq_len, window", WINDOW_KERNEL_CASES,
+                         ids=[f"{n}-L{l}-window{w}" for n, l, w in WINDOW_KERNEL_CASES])
+def test_splash_window_at_base_shapes_compiles_forward_and_backward_for_each_slice(
+    name, seq_len, window):
+  """model/splash.attention with a sliding window and its gradients for a 32-row
+  micro-batch a device with 12 heads of 64 in bf16, sharded over the slice as the train
   step shards it: Mosaic kernels (forward, dq, dkv), not the interpreter. Packed and
   padded rows are the same program (segment ids are data)."""
   from bert_jax.model import splash
@@ -617,47 +616,71 @@ def test_splash_at_base_shapes_compiles_forward_and_backward_for_each_slice(name
 
   text = jax.jit(step).lower(qkv, qkv, qkv, seg).compile().as_text()
   # Mosaic calls for the forward pass and the backward pass (dq, dkv); none if interpreted.
-  assert text.count('custom_call_target="tpu_custom_call"') >= 2, text[:2000]
+  assert hlo.custom_call_targets(text)["tpu_custom_call"] >= 2, text[:2000]
 
 
-SPLASH_CASES = [("v5e-8", 128, False, "bert"), ("v5e-8", 128, True, "bert"),
-                ("v5e-8", 512, False, "bert"), ("v5e-8", 512, True, "bert"),
-                ("v5p-8", 512, True, "bert"), ("v6e-8", 512, True, "bert"),
-                ("v5e-8", 512, True, "modernbert")]
+def base_settings(**overrides):
+  """configs/base.py (BERT-Base: hidden 768, 12 heads, feed-forward 3072, vocabulary
+  30522, batch 256, mixed bf16) with one of its twelve layers, and `overrides`."""
+  c = base.get_config()
+  c.model.num_layers = 1
+  for key, value in overrides.items():
+    node = c
+    *path, last = key.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = value
+  return settings_lib.from_config(c)
+
+
+# The whole train step at every shape of BERT-Base (its 128- and 512-token phases, batch
+# 256, packed and unpacked), with one of its twelve layers: the layers are one program
+# twelve times, and each one adds about 20 s of compile here (the twelve-layer step, 200-600
+# s a slice, is compiled by tools/plan_kernels.py: tools/results/plan_kernels.md).
+SPLASH_STEP_CASES = [(n, l, p) for n in ("v5e-8", "v5p-8", "v6e-8") for l in (128, 512)
+                     for p in (False, True)]
 
 
 @needs_libtpu
 @pytest.mark.slow
-@pytest.mark.parametrize("name, seq_len, packed, family", SPLASH_CASES,
-                         ids=[f"{n}-L{l}-{'packed' if p else 'padded'}-{f}"
-                              for n, l, p, f in SPLASH_CASES])
-def test_the_train_step_with_splash_compiles_for_tpu_with_the_mosaic_kernel(name, seq_len,
-                                                                            packed, family):
-  """The whole train step (tiny BERT: a compile of seconds; BERT-Base takes minutes per
-  slice here), sharded over the slice's 8 devices: splash's Mosaic kernel is in the
-  program (not its interpreter), once per layer forward, and the gradients are reduced."""
+@pytest.mark.parametrize("name, seq_len, packed", SPLASH_STEP_CASES,
+                         ids=[f"{n}-L{l}-{'packed' if p else 'padded'}"
+                              for n, l, p in SPLASH_STEP_CASES])
+def test_the_bert_base_train_step_with_splash_compiles_for_each_slice(name, seq_len, packed):
+  """Sharded over the slice's devices: it fits the chip's HBM, splash's Mosaic kernels
+  are in the program (not the interpreter), and the gradients are reduced across the
+  data axis."""
   t = topology.parse(name)
-  devices = topology.devices(t)
   over = {"model.attention_kernel": "splash", "model.attention_dropout_rate": 0.0,
-          "train.seq_lens": (seq_len,), "train.max_predictions": (seq_len // 6,),
+          "train.seq_lens": (seq_len,), "train.phase_fractions": (1.0,),
+          "train.max_predictions": (int(0.15 * seq_len),),
           "model.max_position_embeddings": seq_len}
-  if packed:
+  if packed:  # packing's document masks: MLM only, as data.packing requires
     over.update({"objective": "mlm", "data.packing": True})
-  if family == "modernbert":  # global and sliding-window (LocalMask) layers
-    over.update({"objective": "mlm", "model.family": "modernbert", "model.num_layers": 2,
-                 "model.global_attn_every_n_layers": 2, "model.local_attention": 128})
-  s = tiny_settings(**over)
-  plan = plan_lib.make_plan(s, devices, t.describe(), t.hbm_bytes_per_device, search=False,
-                            include_eval=False)
-  (st,) = plan.steps
+  s = base_settings(**over)
+  planner = plan_lib.Planner(s, topology.devices(t), 30522, t.hbm_bytes_per_device)
+  st = planner.compile_step("train", s.train.phases[0])
   assert st.compiled and st.fits, st.error
-  assert "all-reduce" in {c.kind for c in st.collectives}  # the data-parallel gradients
-  planner = plan_lib.Planner(s, devices, 512)
-  ph = s.train.phases[0]
-  batch = plan_lib.abstract_batch(planner.mesh, 16, seq_len)
-  scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=jax.sharding.NamedSharding(
-      planner.mesh, jax.sharding.PartitionSpec()))
-  text = planner.steps.train_step_fn(ph.max_predictions).lower(
-      planner.steps.abstract_params, planner.steps.abstract_opt_state, scalar, batch
-  ).compile().as_text()
-  assert "tpu_custom_call" in text  # Mosaic, compiled for the chip
+  assert (st.batch, st.per_device_batch) == (256, 256 // t.num_devices)
+  # One layer: its forward kernel and the backward's dq and dkv kernels.
+  assert st.custom_calls.get("tpu_custom_call", 0) == 3, st.custom_calls
+  assert "all-reduce" in {c.kind for c in st.collectives}
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_the_modernbert_train_step_with_splash_compiles_global_and_window_layers():
+  """A tiny ModernBERT (a global and a sliding-window layer: full and LocalMask kernels),
+  packed, sharded over v5e-8: both layers' Mosaic kernels are in the program."""
+  t = topology.parse("v5e-8")
+  s = tiny_settings(**{
+      "model.attention_kernel": "splash", "model.attention_dropout_rate": 0.0,
+      "train.seq_lens": (512,), "train.max_predictions": (85,),
+      "model.max_position_embeddings": 512, "objective": "mlm", "data.packing": True,
+      "model.family": "modernbert", "model.num_layers": 2,
+      "model.global_attn_every_n_layers": 2, "model.local_attention": 128})
+  planner = plan_lib.Planner(s, topology.devices(t), 512, t.hbm_bytes_per_device)
+  st = planner.compile_step("train", s.train.phases[0])
+  assert st.compiled and st.fits, st.error
+  assert st.custom_calls.get("tpu_custom_call", 0) == 2 * 3, st.custom_calls  # fwd, dq, dkv
+

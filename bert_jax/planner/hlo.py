@@ -266,6 +266,15 @@ def host_transfers(text_or_module) -> list[str]:
   return out
 
 
+def custom_call_targets(text_or_module) -> collections.Counter:
+  """How many custom calls of each target a step has ('tpu_custom_call': a compiled Mosaic
+  kernel, such as splash attention's forward and backward)."""
+  module = parse(text_or_module) if isinstance(text_or_module, str) else text_or_module
+  return collections.Counter(
+      m.group(1) for ins in iter_instrs(module) if ins.opcode == "custom-call"
+      for m in [re.search(r'custom_call_target="([^"]*)"', ins.attrs)] if m)
+
+
 def iter_instrs(module: Module) -> Iterator[Instr]:
   for instrs in module.computations.values():
     yield from instrs

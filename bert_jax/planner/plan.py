@@ -74,6 +74,7 @@ class StepPlan:
   narrow_output_dots: list = dataclasses.field(default_factory=list)  # op names, not -> f32
   optimization_barriers: int = 0  # opt-barrier ops left in the compiled program
   host_transfers: list = dataclasses.field(default_factory=list)
+  custom_calls: dict = dataclasses.field(default_factory=dict)  # target: count
   compile_seconds: float = 0.0
 
   @property
@@ -266,6 +267,7 @@ class Planner:
         plan.narrow_output_dots.append(where)
     plan.optimization_barriers = hlo.opcode_counts(module, ("opt-barrier",))["opt-barrier"]
     plan.host_transfers = hlo.host_transfers(module)
+    plan.custom_calls = dict(hlo.custom_call_targets(module))
     self.log(f"  {plan.name}, B={B}: {plan.total_bytes / GIB:.2f} GiB per device "
              f"({plan.compile_seconds:.0f} s)")
     return plan
