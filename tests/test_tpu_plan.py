@@ -581,19 +581,21 @@ def test_hlo_reader_keeps_a_computation_past_a_multi_line_attribute():
   assert [c.kind for c in hlo.collectives(module)] == ["all-reduce"]
 
 
-# ModernBERT-Base's attention (12 heads of 64, 64 tokens each side: local_attention 128) at
-# 1024 tokens on each slice: the sliding-window (LocalMask) kernel at the shapes a real run
-# gives it. BERT-Base's full-mask kernel is in the whole-step tests below.
-WINDOW_KERNEL_CASES = [(n, 1024, 64) for n in ("v5e-8", "v5p-8", "v6e-8")]
+# BERT-Base's attention (12 heads of 64) at its two lengths, and ModernBERT-Base's (12
+# heads of 64, 64 tokens each side: local_attention 128) at 1024, on each slice: compiled
+# at the shapes a real run gives it (a kernel compiles in 1-4 s here).
+BASE_KERNEL_CASES = [(n, l, None) for n in ("v5e-8", "v5p-8", "v6e-8") for l in (128, 512)] + [
+    (n, 1024, 64) for n in ("v5e-8", "v5p-8", "v6e-8")]
 
 
 @needs_libtpu
-@pytest.mark.parametrize("name, seq_len, window", WINDOW_KERNEL_CASES,
-                         ids=[f"{n}-L{l}-window{w}" for n, l, w in WINDOW_KERNEL_CASES])
-def test_splash_window_at_base_shapes_compiles_forward_and_backward_for_each_slice(
-    name, seq_len, window):
-  """model/splash.attention with a sliding window and its gradients for a 32-row
-  micro-batch a device with 12 heads of 64 in bf16, sharded over the slice as the train
+@pytest.mark.parametrize("name, seq_len, window", BASE_KERNEL_CASES,
+                         ids=[f"{n}-L{l}" + (f"-window{w}" if w else "")
+                              for n, l, w in BASE_KERNEL_CASES])
+def test_splash_at_base_shapes_compiles_forward_and_backward_for_each_slice(name, seq_len,
+                                                                           window):
+  """model/splash.attention and its gradients for a 32-row micro-batch a device (BERT-Base's
+  batch 256 on 8 devices) with 12 heads of 64 in bf16, sharded over the slice as the train
   step shards it: Mosaic kernels (forward, dq, dkv), not the interpreter. Packed and
   padded rows are the same program (segment ids are data)."""
   from bert_jax.model import splash
@@ -615,72 +617,65 @@ def test_splash_window_at_base_shapes_compiles_forward_and_backward_for_each_sli
       return jax.grad(loss, argnums=(0, 1, 2))(q, k, v, segments)
 
   text = jax.jit(step).lower(qkv, qkv, qkv, seg).compile().as_text()
-  # Mosaic calls for the forward pass and the backward pass (dq, dkv); none if interpreted.
-  assert hlo.custom_call_targets(text)["tpu_custom_call"] >= 2, text[:2000]
+  # The forward kernel and the backward's dq and dkv kernels; none if interpreted.
+  assert hlo.custom_call_targets(text)["tpu_custom_call"] == 3, text[:2000]
 
 
-def base_settings(**overrides):
-  """configs/base.py (BERT-Base: hidden 768, 12 heads, feed-forward 3072, vocabulary
-  30522, batch 256, mixed bf16) with one of its twelve layers, and `overrides`."""
-  c = base.get_config()
-  c.model.num_layers = 1
-  for key, value in overrides.items():
-    node = c
-    *path, last = key.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = value
-  return settings_lib.from_config(c)
-
-
-# The whole train step at every shape of BERT-Base (its 128- and 512-token phases, batch
-# 256, packed and unpacked), with one of its twelve layers: the layers are one program
-# twelve times, and each one adds about 20 s of compile here (the twelve-layer step, 200-600
-# s a slice, is compiled by tools/plan_kernels.py: tools/results/plan_kernels.md).
-SPLASH_STEP_CASES = [(n, l, p) for n in ("v5e-8", "v5p-8", "v6e-8") for l in (128, 512)
-                     for p in (False, True)]
-
-
-@needs_libtpu
-@pytest.mark.slow
-@pytest.mark.parametrize("name, seq_len, packed", SPLASH_STEP_CASES,
-                         ids=[f"{n}-L{l}-{'packed' if p else 'padded'}"
-                              for n, l, p in SPLASH_STEP_CASES])
-def test_the_bert_base_train_step_with_splash_compiles_for_each_slice(name, seq_len, packed):
-  """Sharded over the slice's devices: it fits the chip's HBM, splash's Mosaic kernels
-  are in the program (not the interpreter), and the gradients are reduced across the
-  data axis."""
+def splash_step(s, name: str, vocab_size: int):
+  """The train step of `s`'s one phase compiled for slice `name`, asserted to fit with
+  the three Mosaic kernels (forward, dq, dkv) of each layer and its gradients reduced."""
   t = topology.parse(name)
+  planner = plan_lib.Planner(s, topology.devices(t), vocab_size, t.hbm_bytes_per_device)
+  st = planner.compile_step("train", s.train.phases[0])
+  assert st.compiled and st.fits, st.error
+  assert st.custom_calls.get("tpu_custom_call", 0) == 3 * s.model.num_layers, st.custom_calls
+  assert "all-reduce" in {c.kind for c in st.collectives}  # the data-parallel gradients
+  return st
+
+
+def splash_overrides(seq_len: int, packed: bool) -> dict:
   over = {"model.attention_kernel": "splash", "model.attention_dropout_rate": 0.0,
           "train.seq_lens": (seq_len,), "train.phase_fractions": (1.0,),
           "train.max_predictions": (int(0.15 * seq_len),),
           "model.max_position_embeddings": seq_len}
   if packed:  # packing's document masks: MLM only, as data.packing requires
     over.update({"objective": "mlm", "data.packing": True})
-  s = base_settings(**over)
-  planner = plan_lib.Planner(s, topology.devices(t), 30522, t.hbm_bytes_per_device)
-  st = planner.compile_step("train", s.train.phases[0])
-  assert st.compiled and st.fits, st.error
-  assert (st.batch, st.per_device_batch) == (256, 256 // t.num_devices)
-  # One layer: its forward kernel and the backward's dq and dkv kernels.
-  assert st.custom_calls.get("tpu_custom_call", 0) == 3, st.custom_calls
-  assert "all-reduce" in {c.kind for c in st.collectives}
+  return over
+
+
+SPLASH_CASES = [(128, False, "bert"), (128, True, "bert"), (512, False, "bert"),
+                (512, True, "bert"), (512, True, "modernbert")]
 
 
 @needs_libtpu
 @pytest.mark.slow
-def test_the_modernbert_train_step_with_splash_compiles_global_and_window_layers():
-  """A tiny ModernBERT (a global and a sliding-window layer: full and LocalMask kernels),
-  packed, sharded over v5e-8: both layers' Mosaic kernels are in the program."""
-  t = topology.parse("v5e-8")
-  s = tiny_settings(**{
-      "model.attention_kernel": "splash", "model.attention_dropout_rate": 0.0,
-      "train.seq_lens": (512,), "train.max_predictions": (85,),
-      "model.max_position_embeddings": 512, "objective": "mlm", "data.packing": True,
-      "model.family": "modernbert", "model.num_layers": 2,
-      "model.global_attn_every_n_layers": 2, "model.local_attention": 128})
-  planner = plan_lib.Planner(s, topology.devices(t), 512, t.hbm_bytes_per_device)
-  st = planner.compile_step("train", s.train.phases[0])
-  assert st.compiled and st.fits, st.error
-  assert st.custom_calls.get("tpu_custom_call", 0) == 2 * 3, st.custom_calls  # fwd, dq, dkv
+@pytest.mark.parametrize("seq_len, packed, family", SPLASH_CASES,
+                         ids=[f"L{l}-{'packed' if p else 'padded'}-{f}"
+                              for l, p, f in SPLASH_CASES])
+def test_the_tiny_train_step_with_splash_compiles_for_tpu(seq_len, packed, family):
+  """The whole train step of a tiny model (a compile of seconds) at both of BERT's
+  lengths, padded and packed, on v5e-8; ModernBERT with a global and a sliding-window
+  layer (the full and the LocalMask kernel)."""
+  over = splash_overrides(seq_len, packed)
+  if family == "modernbert":
+    over.update({"model.family": "modernbert", "model.num_layers": 2,
+                 "model.global_attn_every_n_layers": 2, "model.local_attention": 128})
+  splash_step(tiny_settings(**over), "v5e-8", 512)
 
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["v5e-8", "v5p-8", "v6e-8"])
+def test_the_bert_base_train_step_with_splash_compiles_packed_at_512_for_each_slice(name):
+  """BERT-Base's whole train step where `auto` picks splash (packed 512-token rows, batch
+  256, hidden 768, 12 heads, vocabulary 30522), with one of its twelve layers: the
+  layers are one program twelve times, and each adds 20-30 s of compile on 2 cores (the
+  whole matrix, 128 and 512, padded and packed, would add about 10 minutes to CI). The
+  twelve-layer step is compiled by tools/plan_kernels.py."""
+  c = base.get_config()
+  c.model.num_layers = 1
+  for key, value in splash_overrides(512, packed=True).items():
+    section, field = key.split(".") if "." in key else (None, key)
+    (c[section] if section else c)[field] = value
+  st = splash_step(settings_lib.from_config(c), name, 30522)
+  assert (st.batch, st.per_device_batch) == (256, 256 // topology.parse(name).num_devices)
