@@ -654,8 +654,8 @@ SPLASH_CASES = [(128, False, "bert"), (128, True, "bert"), (512, False, "bert"),
                          ids=[f"L{l}-{'packed' if p else 'padded'}-{f}"
                               for l, p, f in SPLASH_CASES])
 def test_the_tiny_train_step_with_splash_compiles_for_tpu(seq_len, packed, family):
-  """The whole train step of a tiny model (a compile of seconds) at both of BERT's
-  lengths, padded and packed, on v5e-8; ModernBERT packed, with a global and a
+  """The whole train step of a tiny model (a compile of seconds) on v5e-8: BERT at 128
+  tokens padded and packed and at 512 padded; ModernBERT packed, with a global and a
   sliding-window layer (the full and the LocalMask kernel)."""
   over = splash_overrides(seq_len, packed)
   if family == "modernbert":
@@ -668,8 +668,9 @@ def test_the_tiny_train_step_with_splash_compiles_for_tpu(seq_len, packed, famil
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["v5e-8", "v5p-8", "v6e-8"])
 def test_the_bert_base_train_step_with_splash_compiles_packed_at_512_for_each_slice(name):
-  """BERT-Base's whole train step where `auto` picks splash (packed 512-token rows, batch
-  256, hidden 768, 12 heads, vocabulary 30522), with one of its twelve layers: the
+  """BERT-Base's whole train step at 512 tokens, packed (`auto` picks splash there once
+  attention dropout is off), batch 256, hidden 768, 12 heads, vocabulary 30522, with one
+  of its twelve layers: the
   layers are one program twelve times, and each adds 20-30 s of compile on 2 cores (the
   whole matrix, 128 and 512, padded and packed, would add about 10 minutes to CI). The
   twelve-layer step is compiled by tools/plan_kernels.py."""
