@@ -241,9 +241,9 @@ def main(argv=None) -> int:
   ap.add_argument("--max-rss-gib", type=float, default=16.0,
                   help="stop a row whose compile needs more host RAM than this")
   ap.add_argument("--parallel-compile", action="store_true",
-                  help="libtpu's parallel compile: several times faster on an idle host "
-                       "(ModernBERT-Large's 1024-token step on v5p-8: 226 s, 6.7 GiB), more "
-                       "host RAM at the peak")
+                  help="libtpu's parallel compile, for a host with nothing else to do "
+                       "(ModernBERT-Large's 1024-token step on v5p-8: 226 s, 6.7 GiB; "
+                       "single-threaded beside other work it took 45 min); more host RAM")
   ap.add_argument("--dot-layouts", action="store_true",
                   help="temporaries with the plain mixed dot and with CPU's layouts")
   ap.add_argument("--table-only", action="store_true",
