@@ -29,12 +29,8 @@ needs_libtpu = pytest.mark.skipif(
     not HAVE_LIBTPU, reason="libtpu is not installed (pip install -r requirements-tpu.txt)")
 
 
-def tiny_settings(**overrides):
-  """The tiny config, shrunk further so a step compiles in seconds; mixed bf16 as on a TPU."""
-  c = tiny.get_config()
-  c.model.hidden_size, c.model.num_layers, c.model.num_heads = 32, 1, 2
-  c.model.intermediate_size, c.model.dtype = 64, "bfloat16"
-  c.data.vocab_size, c.train.batch_size = 512, 16
+def overridden(c, overrides: dict):
+  """Settings of config `c` with `overrides` ('section.field': value) applied."""
   for key, value in overrides.items():
     node = c
     *path, last = key.split(".")
@@ -42,6 +38,15 @@ def tiny_settings(**overrides):
       node = node[p]
     node[last] = value
   return settings_lib.from_config(c)
+
+
+def tiny_settings(**overrides):
+  """The tiny config, shrunk further so a step compiles in seconds; mixed bf16 as on a TPU."""
+  c = tiny.get_config()
+  c.model.hidden_size, c.model.num_layers, c.model.num_heads = 32, 1, 2
+  c.model.intermediate_size, c.model.dtype = 64, "bfloat16"
+  c.data.vocab_size, c.train.batch_size = 512, 16
+  return overridden(c, overrides)
 
 
 # ----------------------------------------------------------------------------
@@ -674,10 +679,7 @@ def test_the_bert_base_train_step_with_splash_compiles_packed_at_512_for_each_sl
   layers are one program twelve times, and each adds 20-30 s of compile on 2 cores (the
   whole matrix, 128 and 512, padded and packed, would add about 10 minutes to CI). The
   twelve-layer step is compiled by tools/plan_kernels.py."""
-  c = base.get_config()
-  c.model.num_layers = 1
-  for key, value in splash_overrides(512, packed=True).items():
-    section, field = key.split(".") if "." in key else (None, key)
-    (c[section] if section else c)[field] = value
-  st = splash_step(settings_lib.from_config(c), name, 30522)
+  s = overridden(base.get_config(), {**splash_overrides(512, packed=True),
+                                      "model.num_layers": 1})
+  st = splash_step(s, name, 30522)
   assert (st.batch, st.per_device_batch) == (256, 256 // topology.parse(name).num_devices)

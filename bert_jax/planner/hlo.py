@@ -259,10 +259,10 @@ def host_transfers(text_or_module) -> list[str]:
   out = []
   for instrs in module.computations.values():
     for ins in instrs:
-      target = re.search(r'custom_call_target="([^"]*)"', ins.attrs)
+      target = _call_target(ins)
       if (ins.opcode in HOST_OPCODES or "is_host_transfer=true" in ins.attrs
-          or (ins.opcode == "custom-call" and target and _HOST_CALL_TARGET.search(target.group(1)))):
-        out.append(f"{ins.opcode} {ins.name}" + (f" ({target.group(1)})" if target else ""))
+          or (ins.opcode == "custom-call" and target and _HOST_CALL_TARGET.search(target))):
+        out.append(f"{ins.opcode} {ins.name}" + (f" ({target})" if target else ""))
   return out
 
 
@@ -270,9 +270,14 @@ def custom_call_targets(text_or_module) -> collections.Counter:
   """How many custom calls of each target a step has ('tpu_custom_call': a compiled Mosaic
   kernel, such as splash attention's forward and backward)."""
   module = parse(text_or_module) if isinstance(text_or_module, str) else text_or_module
-  return collections.Counter(
-      m.group(1) for ins in iter_instrs(module) if ins.opcode == "custom-call"
-      for m in [re.search(r'custom_call_target="([^"]*)"', ins.attrs)] if m)
+  return collections.Counter(_call_target(ins) for ins in iter_instrs(module)
+                             if ins.opcode == "custom-call" and _call_target(ins))
+
+
+def _call_target(ins: Instr) -> str:
+  """The custom_call_target of an instruction ('' when it has none)."""
+  m = re.search(r'custom_call_target="([^"]*)"', ins.attrs)
+  return m.group(1) if m else ""
 
 
 def iter_instrs(module: Module) -> Iterator[Instr]:
