@@ -648,38 +648,39 @@ def splash_overrides(seq_len: int, packed: bool) -> dict:
   return over
 
 
-# BERT packed at 512 is BERT-Base's case below.
-SPLASH_CASES = [(128, False, "bert"), (128, True, "bert"), (512, False, "bert"),
-                (512, True, "modernbert")]
-
-
+# The tiny ModernBERT, packed, with a global and a sliding-window layer (the full and the
+# LocalMask kernel). BERT's four cases are BERT-Base's below.
 @needs_libtpu
 @pytest.mark.slow
-@pytest.mark.parametrize("seq_len, packed, family", SPLASH_CASES,
-                         ids=[f"L{l}-{'packed' if p else 'padded'}-{f}"
-                              for l, p, f in SPLASH_CASES])
-def test_the_tiny_train_step_with_splash_compiles_for_tpu(seq_len, packed, family):
-  """The whole train step of a tiny model (a compile of seconds) on v5e-8: BERT at 128
-  tokens padded and packed and at 512 padded; ModernBERT packed, with a global and a
-  sliding-window layer (the full and the LocalMask kernel)."""
-  over = splash_overrides(seq_len, packed)
-  if family == "modernbert":
-    over.update({"model.family": "modernbert", "model.num_layers": 2,
-                 "model.global_attn_every_n_layers": 2, "model.local_attention": 128})
+def test_the_tiny_modernbert_train_step_with_splash_compiles_for_tpu():
+  """The whole train step of a tiny ModernBERT (a compile of seconds) on v5e-8, packed at
+  512 tokens."""
+  over = {**splash_overrides(512, packed=True), "model.family": "modernbert",
+          "model.num_layers": 2, "model.global_attn_every_n_layers": 2,
+          "model.local_attention": 128}
   splash_step(tiny_settings(**over), "v5e-8", 512)
 
 
+# BERT-Base's four cases (128 and 512 tokens, padded and packed), each compiled for at
+# least one slice and each slice compiling two: packed at 512 (where `auto` picks splash
+# once attention dropout is off) on every slice, and one of the other three on each.
+BASE_STEP_CASES = [(n, 512, True) for n in ("v5e-8", "v5p-8", "v6e-8")] + [
+    ("v5e-8", 512, False), ("v5p-8", 128, True), ("v6e-8", 128, False)]
+
+
 @needs_libtpu
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["v5e-8", "v5p-8", "v6e-8"])
-def test_the_bert_base_train_step_with_splash_compiles_packed_at_512_for_each_slice(name):
-  """BERT-Base's whole train step at 512 tokens, packed (`auto` picks splash there once
-  attention dropout is off), batch 256, hidden 768, 12 heads, vocabulary 30522, with one
-  of its twelve layers: the
-  layers are one program twelve times, and each adds 20-30 s of compile on 2 cores (the
-  whole matrix, 128 and 512, padded and packed, would add about 10 minutes to CI). The
-  twelve-layer step is compiled by tools/plan_kernels.py."""
-  s = overridden(base.get_config(), {**splash_overrides(512, packed=True),
+@pytest.mark.parametrize("name, seq_len, packed", BASE_STEP_CASES,
+                         ids=[f"{n}-L{l}-{'packed' if p else 'padded'}"
+                              for n, l, p in BASE_STEP_CASES])
+def test_the_bert_base_train_step_with_splash_compiles_for_each_slice(name, seq_len, packed):
+  """BERT-Base's whole train step: batch 256, hidden 768, 12 heads, vocabulary 30522, with
+  one of its twelve layers. The layers are one program twelve times, and each adds 20-30 s
+  of compile on 2 cores; a Base step of one layer compiles in about 40 s alone and 90-100
+  s beside another (128 and 512 tokens alike), so the whole matrix, 12 steps, would add
+  about 5 minutes more to CI than these 6. The twelve-layer step is compiled by
+  tools/plan_kernels.py."""
+  s = overridden(base.get_config(), {**splash_overrides(seq_len, packed=packed),
                                       "model.num_layers": 1})
   st = splash_step(s, name, 30522)
   assert (st.batch, st.per_device_batch) == (256, 256 // topology.parse(name).num_devices)
