@@ -337,30 +337,45 @@ def test_search_finds_the_batch_and_the_fixes_that_fit(fake_planner):
   assert set(fixes) >= {"--config.mesh.param_sharding=fsdp", "--config.model.remat=True"}
 
 
-@pytest.mark.parametrize("remat, remat_mib_a_row, grad_sum_mib, tried, fitting", [
+@pytest.mark.parametrize("rows, fixed_mib, mib_a_row, remat, remat_mib_a_row, grad_sum_mib, "
+                         "tried, fitting", [
     # Remat off and not enough alone: the accumulation with full remat.
-    (False, 0.7, 2, ["--config.model.remat=True", "--config.train.grad_accum_steps=2",
-                     "--config.model.remat=True --config.train.grad_accum_steps=2"],
+    (8, 100, 1, False, 0.7, 2, ["--config.model.remat=True",
+                                "--config.train.grad_accum_steps=2",
+                                "--config.model.remat=True --config.train.grad_accum_steps=2"],
      ["--config.model.remat=True --config.train.grad_accum_steps=2"]),
     # Remat alone fits: not combined again; the next smaller micro-batch instead.
-    (False, 0.6, 2, ["--config.model.remat=True", "--config.train.grad_accum_steps=2",
-                     "--config.train.grad_accum_steps=4"],
+    (8, 100, 1, False, 0.6, 2, ["--config.model.remat=True",
+                                "--config.train.grad_accum_steps=2",
+                                "--config.train.grad_accum_steps=4"],
      ["--config.model.remat=True", "--config.train.grad_accum_steps=4"]),
     # Remat already full: the next smaller micro-batch.
-    (True, 0.7, 3, ["--config.train.grad_accum_steps=2", "--config.train.grad_accum_steps=4"],
-     ["--config.train.grad_accum_steps=4"])])
-def test_an_accumulation_that_does_not_fit_is_tried_again(monkeypatch, remat, remat_mib_a_row,
+    (8, 100, 1, True, 0.7, 3, ["--config.train.grad_accum_steps=2",
+                               "--config.train.grad_accum_steps=4"],
+     ["--config.train.grad_accum_steps=4"]),
+    # Remat with the accumulation fits with over half the memory free (46 of 105 MiB):
+    # the next smaller micro-batch without remat's recompute is tried too, and fits.
+    (64, 10, 10, False, 2, 20, ["--config.model.remat=True",
+                                "--config.train.grad_accum_steps=8",
+                                "--config.model.remat=True --config.train.grad_accum_steps=8",
+                                "--config.train.grad_accum_steps=16"],
+     ["--config.model.remat=True --config.train.grad_accum_steps=8",
+      "--config.train.grad_accum_steps=16"])])
+def test_an_accumulation_that_does_not_fit_is_tried_again(monkeypatch, rows, fixed_mib,
+                                                          mib_a_row, remat, remat_mib_a_row,
                                                           grad_sum_mib, tried, fitting):
   """Accumulation keeps a float32 sum of the gradients beside them, so micro-batches of the
   largest batch that fits can still be too large (ModernBERT-Large at 1024 on v5e-8). Faked
-  compiles: 100 MiB + 1 MiB a row per device (less with remat) + the sum, against 105 MiB."""
-  s = tiny_settings(**{"train.batch_size": 64, "model.remat": remat})
+  compiles: a fixed part + a part a row per device (less with remat) + the sum, against 105
+  MiB."""
+  s = tiny_settings(**{"train.batch_size": 8 * rows, "model.remat": remat})
   p = plan_lib.Planner(s, jax.devices(), 512, memory_bytes=105 << 20)
 
   def fake(self, kind, ph, batch_size=None):
     t = self.s.train
     rows = (batch_size or t.batch_size) // 8
-    mib = 100 + rows / t.grad_accum_steps * (remat_mib_a_row if self.s.model.remat else 1.0)
+    mib = fixed_mib + rows / t.grad_accum_steps * (
+        remat_mib_a_row if self.s.model.remat else mib_a_row)
     st = plan_lib.StepPlan(kind, ph.index, ph.seq_len, ph.max_predictions,
                            batch_size or t.batch_size, rows, 0, 0, 0, compiled=True,
                            memory_bytes=self.memory_bytes)
