@@ -388,6 +388,9 @@ def test_an_accumulation_that_does_not_fit_is_tried_again(monkeypatch, rows, fix
   fixes = {f.field: f.fits for f in plan.fixes if f.field != "--config.mesh.param_sharding=fsdp"}
   assert list(fixes) == tried
   assert [f for f, fits in fixes.items() if fits] == fitting
+  # The micro-batch tried beside a remat fit says what it spares (the report prints notes).
+  spares = [f.field for f in plan.fixes if "without remat's recomputed forward" in f.note]
+  assert spares == (tried[-1:] if rows == 64 else [])  # the one case with a roomy remat fit
 
 
 @pytest.mark.parametrize("seq_len, dropout, want", [

@@ -140,12 +140,14 @@ def _try_accumulation(try_fix: Callable[..., Fix], per_device: int, largest: int
   note = lambda a: f"micro-batches of {per_device // a} per device"
   if try_fix({"train.grad_accum_steps": options[0]}, note(options[0])).fits:
     return
+  spares = ""
   if remat:
     with_remat = try_fix({**remat, "train.grad_accum_steps": options[0]}, note(options[0]))
     if not (with_remat.fits and 2 * with_remat.total_bytes <= memory):
       return
+    spares = "; without remat's recomputed forward"
   if len(options) > 1:
-    try_fix({"train.grad_accum_steps": options[1]}, note(options[1]))
+    try_fix({"train.grad_accum_steps": options[1]}, note(options[1]) + spares)
 
 
 def full_remat(s: Settings) -> dict:
