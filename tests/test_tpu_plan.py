@@ -694,10 +694,10 @@ BASE_STEP_CASES = [(n, 512, True) for n in ("v5e-8", "v5p-8", "v6e-8")] + [
 def test_the_bert_base_train_step_with_splash_compiles_for_each_slice(name, seq_len, packed):
   """BERT-Base's whole train step: batch 256, hidden 768, 12 heads, vocabulary 30522, with
   one of its twelve layers. The layers are one program twelve times, and each adds 20-30 s
-  of compile on 2 cores; a Base step of one layer compiles in about 40 s alone and 90-100
-  s beside another (128 and 512 tokens alike), so the whole matrix, 12 steps, would add
-  about 5 minutes more to CI than these 6. The twelve-layer step is compiled by
-  tools/plan_kernels.py."""
+  of compile on 2 cores; a Base step of one layer compiles in about 40 s alone and in
+  58-139 s in the tier beside other tests (128 and 512 tokens alike), so the whole matrix,
+  12 steps, would add about 5 minutes more to CI than these 6. The twelve-layer step is
+  compiled by tools/plan_kernels.py."""
   s = overridden(base.get_config(), {**splash_overrides(seq_len, packed=packed),
                                       "model.num_layers": 1})
   st = splash_step(s, name, 30522)
