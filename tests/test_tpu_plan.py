@@ -31,12 +31,7 @@ needs_libtpu = pytest.mark.skipif(
 
 def overridden(c, overrides: dict):
   """Settings of config `c` with `overrides` ('section.field': value) applied."""
-  for key, value in overrides.items():
-    node = c
-    *path, last = key.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = value
+  c.update_from_flattened_dict(overrides)
   return settings_lib.from_config(c)
 
 

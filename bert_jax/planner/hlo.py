@@ -270,8 +270,8 @@ def custom_call_targets(text_or_module) -> collections.Counter:
   """How many custom calls of each target a step has ('tpu_custom_call': a compiled Mosaic
   kernel, such as splash attention's forward and backward)."""
   module = parse(text_or_module) if isinstance(text_or_module, str) else text_or_module
-  return collections.Counter(_call_target(ins) for ins in iter_instrs(module)
-                             if ins.opcode == "custom-call" and _call_target(ins))
+  targets = (_call_target(ins) for ins in iter_instrs(module) if ins.opcode == "custom-call")
+  return collections.Counter(t for t in targets if t)
 
 
 def _call_target(ins: Instr) -> str:
