@@ -9,6 +9,7 @@ chapter lives in its own module: `settings`, `data_setup`, `steps`,
 import contextlib
 import json
 import time
+from collections.abc import Collection
 from typing import Optional
 
 import jax
@@ -22,7 +23,7 @@ from bert_jax.storage import fs, mirror, outputs, workdir_lock
 from bert_jax.storage.workdir import Workdir
 from bert_jax.model import precision
 from bert_jax.train import compile_cache, data_setup, goodput, init_from
-from bert_jax.errors import BertJaxError, check_stop
+from bert_jax.errors import BertJaxError, ConfigError, check_stop
 from bert_jax.eval import training_probes as probes
 from bert_jax.train.eval_report import describe_eval
 from bert_jax.train.loop import TrainLoop
@@ -45,15 +46,22 @@ def _check_workdir(workdir: str) -> None:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       started: Optional[float] = None) -> dict:
+                       started: Optional[float] = None,
+                       explicit: Collection[str] = ()) -> dict:
   """Pre-trains from `config` in `workdir`, resuming from its latest checkpoint.
 
   Returns the final evaluation metrics. `started`: when this session began, for its
   goodput (train/goodput); the command passes its process's start, a caller in Python
-  defaults to now.
+  defaults to now. `explicit`: the fields the command line set (a continued run refuses
+  one its source decides, even at the default's value).
   """
   ledger_start = time.time() if started is None else started
-  s = settings_lib.from_config(config)  # fail before anything is written
+  s = settings_lib.from_config(config, explicit)  # fail before anything is written
+  if s.model.attention_kernel == "cudnn" and jax.default_backend() != "gpu":
+    # The model refuses it when traced, after the data is prepared: say it first.
+    raise ConfigError(f"--config.model.attention_kernel='cudnn' needs an NVIDIA GPU, but "
+                      f"this run's devices are {jax.default_backend()}; expected 'einsum', "
+                      "'jax' or 'auto' there")
   # --config.init_from: the source's shape, vocabulary and lowercasing (checked, nothing written).
   source = init_from.resolve(s) if s.init.path else None
   if source is not None:

@@ -86,6 +86,20 @@ def test_a_tokenizer_json_without_berts_special_tokens_is_one_line(tmp_path):
     bpe.from_file(str(tmp_path / "bad.json"), lowercase=False)
 
 
+def test_a_tokenizer_json_where_two_tokens_share_an_id_is_one_line(tmp_path):
+  """Accepted before, it left a gap (null) in the vocabulary a checkpoint keeps."""
+  with open(_modernbert_like_json(tmp_path)) as f:
+    doc = json.load(f)
+  vocab = doc["model"]["vocab"]
+  first, second = sorted(vocab, key=vocab.get)[-2:]
+  vocab[second] = vocab[first]
+  (tmp_path / "shared.json").write_text(json.dumps(doc))
+  with pytest.raises(ConfigError) as e:
+    bpe.from_file(str(tmp_path / "shared.json"), lowercase=False)
+  assert f"share id {vocab[first]}; expected one token per id" in str(e.value)
+  assert "\n" not in str(e.value)
+
+
 def test_a_checkpoints_meta_gives_back_the_same_bpe():
   tok = _trained()
   back = bpe.from_meta(json.loads(json.dumps(bpe.to_meta(tok))), source="meta")

@@ -15,6 +15,7 @@ from safetensors.numpy import load_file, save_file
 from bert_jax.io import checkpointing, convert, hf_weights, sources
 from bert_jax.commands import convert as convert_cli
 from bert_jax.model.config import BertConfig
+from bert_jax.errors import ConfigError
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 VOCAB = SPECIALS + ["the", "cat", "sat", "on", "mat", "##s", "dog", "ran", ".", ",", "a",
@@ -305,7 +306,7 @@ def _bad_cases(tmp_path):
                      f"vocab.txt has {V - 1} tokens but"),
       "not-bert": (write_hf_dir(tmp_path / "k", good, config={**HF_CONFIG,
                                                                "model_type": "roberta"}),
-                   "model_type is 'roberta'; expected 'bert'"),
+                   "model_type is 'roberta'; expected 'bert' or 'modernbert'"),
       "corrupt-weights": (_write(write_hf_dir(tmp_path / "l", None), "model.safetensors",
                                  "garbage"), "model.safetensors: cannot read safetensors"),
   }
@@ -345,6 +346,40 @@ def test_non_empty_output_is_refused_and_kept_unless_overwrite(tmp_path, capsys)
   assert convert_cli.main(["from-hf", hf_dir, str(out_dir), "--overwrite"]) == 0
   assert not (out_dir / "keep.txt").exists()
   assert checkpointing.restore_params(str(out_dir))[1]["step"] == 0
+
+
+def test_an_output_that_is_inside_or_holds_what_is_read_is_refused_and_nothing_changes(
+    tmp_path, capsys):
+  """`to-hf RUN RUN --overwrite` once replaced a run's checkpoints with the export; the
+  same for an import written over its source, and for finetune --save."""
+  hf_dir = write_hf_dir(tmp_path / "src", hf_state())
+  run = str(tmp_path / "run")
+  assert convert_cli.main(["from-hf", hf_dir, run]) == 0
+  capsys.readouterr()
+  files = lambda: sorted(os.path.relpath(os.path.join(d, f), tmp_path)
+                         for d, _, fs in os.walk(tmp_path) for f in fs)
+  before = files()
+  cases = [(["to-hf", run, run], f"OUT_HF_DIR {run} is CKPT {run}"),
+           (["to-hf", run, run + "/checkpoints"], "is inside CKPT"),
+           (["to-hf", run + "/checkpoints/0", run], "holds CKPT"),
+           (["to-hf", run, str(tmp_path)], "holds CKPT"),
+           (["to-hf", run, os.path.join(run, "..", "run")], "is CKPT"),
+           (["from-hf", hf_dir, hf_dir], "is the source"),
+           (["from-hf", hf_dir, str(tmp_path)], "holds the source")]
+  for args, message in cases:
+    assert convert_cli.main(args + ["--overwrite"]) == 2, args
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err, (args, err)
+    assert "nothing was written" in err
+    assert files() == before, args
+  # The library refuses it too, before reading (a bucket's case: test_gcs).
+  with pytest.raises(ConfigError, match="is inside the checkpoint"):
+    convert.export_hf(run, run + "/hf", overwrite=True)
+  from bert_jax.commands import finetune as finetune_cli
+  assert finetune_cli.main(["--checkpoint", run, "--task", str(tmp_path / "nope"),
+                            "--save", run + "/checkpoints", "--overwrite"]) == 2
+  assert "--save " + run + "/checkpoints is inside --checkpoint" in capsys.readouterr().err
+  assert files() == before
 
 
 def test_export_errors_are_one_line_and_keep_the_output(tmp_path, capsys):

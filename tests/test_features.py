@@ -288,6 +288,19 @@ def test_cli_npz_holds_concatenated_tokens_with_offsets(ckpt, extractor, tmp_pat
     np.testing.assert_allclose(z["hidden"][rows], want.hidden_TxYxD[i], atol=1e-5)
 
 
+def test_cli_output_among_the_checkpoints_it_reads_is_refused_beside_them_is_not(
+    ckpt, tmp_path, capsys):
+  inp = _write(tmp_path / "in.txt", "the cat sat\n")
+  inside = os.path.join(ckpt[0], "checkpoints", "features.npy")
+  assert features_cli.main(["--checkpoint", ckpt[0], "--input", inp, "--output", inside]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and f"--output {inside} is inside --checkpoint" in err, err
+  assert not os.path.exists(inside)
+  beside = os.path.join(ckpt[0], "features.npy")  # the workdir itself is not read
+  assert features_cli.main(["--checkpoint", ckpt[0], "--input", inp, "--output", beside]) == 0
+  os.remove(beside)
+
+
 def test_cli_layers_all_gives_every_layer_embeddings_first(ckpt, extractor, per_token,
                                                            tmp_path):
   i = TEXTS.index(SHORT[0])

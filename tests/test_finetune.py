@@ -256,3 +256,49 @@ def test_the_report_names_train_loss_and_sets_dev_accuracy_against_the_majority_
   assert lines[0].split()[:3] == ["lr", "seed", "train"] and "loss" in lines[0]
   assert lines[-1].endswith("dev accuracy 0.4959 ± 0.0451 (majority class 0.5040; not above "
                             "it)"), lines[-1]
+
+
+MODERN = tiny_run.bert_config(len(VOCAB), family="modernbert", num_layers=2, num_heads=2,
+                              global_attn_every_n_layers=2, local_attention=4,
+                              layer_norm_eps=1e-5, dropout_rate=0.0,
+                              attention_dropout_rate=0.0)
+
+
+@pytest.mark.slow
+def test_a_fine_tuned_modernbert_exports_as_transformers_sequence_classifier(data, tmp_path,
+                                                                             capsys):
+  """The export command `finetune` prints works for a ModernBERT: the encoder, the
+  pre-trained prediction head the classifier applies (as transformers does) and the
+  classifier, loaded by ModernBertForSequenceClassification with the same logits."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  _, _, task_dir, _ = data
+  ckpt, save, hf_dir = (str(tmp_path / n) for n in ("pretrained", "saved", "hf"))
+  pretrained = init_params(MODERN, jax.random.key(1))
+  checkpointing.save_params(ckpt, 0, pretrained, {"model_config": MODERN.to_dict(),
+                                                  "vocab": VOCAB, "lowercase": True})
+  assert finetune_cli.main(["--checkpoint", ckpt, "--task", task_dir, "--output_dir",
+                            str(tmp_path / "out"), "--learning_rates", str(LR), "--seeds", "0",
+                            "--epochs", "1", "--batch_size", str(BATCH), "--save", save,
+                            "--no_progress"]) == 0
+  export = capsys.readouterr().out.split("export: ")[-1].split()
+  assert export[:5] == ["python", "-m", "bert_jax.convert", "to-hf", save]
+  assert convert_cli.main(["to-hf", save, hf_dir]) == 0
+  model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+      hf_dir, output_loading_info=True, attn_implementation="eager")
+  assert type(model).__name__ == "ModernBertForSequenceClassification"
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  assert model.config.id2label == {0: "no", 1: "yes"}
+  model.eval()
+  params, meta = checkpointing.restore_params(save)
+  # The head the classifier applied started from the pre-trained one, and trained.
+  assert sorted(params) == ["bert", "classifier", "head_dense", "head_norm"]
+  assert not np.allclose(params["head_dense"]["kernel"], pretrained["head_dense"]["kernel"])
+  config = BertConfig.from_dict(meta["model_config"])
+  ids = np.array([[2, 10, 11, 12, 3, 0], [2, 13, 14, 15, 16, 3]], np.int32)  # [CLS] .. [SEP]
+  mask = (ids != 0).astype(np.int32)
+  ours = classifier.SequenceClassifier(config, 2).apply(
+      {"params": params}, ids, np.zeros_like(ids), mask)
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+  np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=1e-4)

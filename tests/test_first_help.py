@@ -50,6 +50,18 @@ def test_a_config_by_name_resolves_to_the_shipped_file(tmp_path, monkeypatch):
   assert config_args.config_path(str(tmp_path / "mine.py")) == str(tmp_path / "mine.py")
 
 
+@pytest.mark.parametrize("flags, want", [
+    (["--config.train.seq_lens=(64,)", "--config.train.seq_lens=(32,)"], (32,)),
+    (["--config.train.seq_lens", "(64,)", "--config.train.seq_lens", "(32,)"], (32,)),
+    (["--config.train.seq_lens=(64,)", "--config.train.seq_lens=()"], ()),
+    (["--config.train.seq_lens=(16,32)", "--config.train.num_steps=3"], (16, 32))])
+def test_a_tuple_flag_given_twice_is_replaced_as_a_scalar_is(flags, want):
+  """absl appended a repeated tuple flag: `(64,)` then `(32,)` trained `(64, 32)`."""
+  from bert_jax.commands import config_args  # pylint: disable=import-outside-toplevel
+  config = config_args.load_config(os.path.join(ROOT, "configs", "tiny.py"), flags)
+  assert tuple(config.train.seq_lens) == want
+
+
 @pytest.mark.slow
 def test_the_installed_train_command_outside_the_repo_shows_and_takes_its_own_configs(
     tmp_path):

@@ -482,6 +482,7 @@ def test_finetune_save_and_convert_to_hf_to_and_from_a_bucket(server, tmp_path):
   from test_finetune import VOCAB, CONFIG, _write_task
   import jax
   from bert_jax.commands import finetune as finetune_cli
+  from bert_jax.errors import ConfigError
   from bert_jax.io import checkpointing, convert
   from bert_jax.storage import fs
   from bert_jax.model.family import init_params
@@ -501,6 +502,16 @@ def test_finetune_save_and_convert_to_hf_to_and_from_a_bucket(server, tmp_path):
   assert {"config.json", "model.safetensors", "vocab.txt"} <= set(fs.listdir("gs://bkt/ft-hf"))
   with pytest.raises(Exception, match="exists and is not empty"):
     convert.export_hf("gs://bkt/ft-model", "gs://bkt/ft-hf")
+  # An export onto what it reads (the same folder, `//` spelt in, inside it, above it)
+  # is refused before anything is touched, as locally (test_convert).
+  before = sorted(fs.listdir("gs://bkt/ft-model/checkpoints"))
+  for out, how in (("gs://bkt/ft-model", "is"), ("gs://bkt//ft-model/", "is"),
+                   ("gs://bkt/ft-model/checkpoints", "is inside"), ("gs://bkt", "holds")):
+    with pytest.raises(ConfigError, match=f"output {out} {how} the checkpoint gs://bkt/ft-model"):
+      convert.export_hf("gs://bkt/ft-model", out, overwrite=True)
+  assert sorted(fs.listdir("gs://bkt/ft-model/checkpoints")) == before
+  assert checkpointing.restore_params("gs://bkt/ft-model")[1]["classifier"]["labels"] == [
+      "no", "yes"]
 
 
 @pytest.mark.slow

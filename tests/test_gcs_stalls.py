@@ -135,7 +135,10 @@ def test_a_server_stalled_during_a_save_and_a_renewal_then_back_lets_the_run_fin
 @pytest.mark.parametrize("name, value", [
     ("BERT_JAX_LOCK_LEASE_S", "abc"), ("BERT_JAX_LOCK_LEASE_S", "0"),
     ("BERT_JAX_LOCK_LEASE_S", "-5"), ("BERT_JAX_GCS_RETRIES", "-1"),
-    ("BERT_JAX_GCS_BACKOFF_S", "soon"), ("BERT_JAX_LOG_UPLOAD_S", "0")])
+    ("BERT_JAX_GCS_BACKOFF_S", "soon"), ("BERT_JAX_LOG_UPLOAD_S", "0"),
+    # Non-finite: a lease that never expires, threads that die sleeping for inf seconds.
+    ("BERT_JAX_LOCK_LEASE_S", "inf"), ("BERT_JAX_LOG_UPLOAD_S", "inf"),
+    ("BERT_JAX_GCS_BACKOFF_S", "inf"), ("BERT_JAX_GCS_BACKOFF_S", "nan")])
 def test_a_bad_environment_setting_is_one_line_naming_it(server, tmp_path, name, value):
   """Read when used, not at import (issue 41: a traceback, `AssertionError: unreachable`,
   or a lease of 0 whose renewal thread spun without waiting)."""

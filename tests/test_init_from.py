@@ -274,12 +274,39 @@ def test_bad_input_is_one_error_line_and_writes_nothing(source, base, change, ma
   assert _nothing_written(workdir) and not os.path.exists(base / "bad_prepared")
 
 
+@pytest.mark.parametrize("field, value", [("model.max_position_embeddings", 512),
+                                          ("data.tokenizer", "bpe"),
+                                          ("data.vocab_size", 30522)])
+def test_a_flag_the_source_decides_is_refused_even_at_the_defaults_value(source, base, field,
+                                                                         value):
+  """--config.model.local_attention=128 (the default) once trained with the source's 32
+  without a word; data.tokenizer and data.vocab_size were ignored silently."""
+  c = config(source, base / "bad_prepared")
+  c.update_from_flattened_dict({field: value})
+  workdir = str(base / "bad_run")
+  with pytest.raises(ConfigError, match=rf"--config.{field}={value!r} contradicts") as e:
+    train_and_evaluate(c, workdir, explicit={field})
+  assert "\n" not in str(e.value)
+  assert _nothing_written(workdir) and not os.path.exists(base / "bad_prepared")
+
+
+def test_a_config_files_vocabulary_settings_are_said_not_used(source, base, capsys):
+  from bert_jax import settings
+  c = config(source, base / "bad_prepared")
+  c.update_from_flattened_dict({"data.vocab_size": 1000, "data.tokenizer": "bpe"})
+  init_from.resolve(settings.from_config(c))
+  assert ("init_from: the config's data.tokenizer='bpe' and data.vocab_size=1000 not used: "
+          "the vocabulary is the source's (wordpiece, ") in capsys.readouterr().out
+
+
 def test_cli_bad_init_from_and_non_integer_extend_vocab_exit_2(source, base):
   cfg_path = base / "cli_config_bad.py"
   cfg_path.write_text(CONFIG_FILE.format(corpus=TOY, batch=BATCH, seq=SEQ, preds=PREDS))
   workdir = base / "cli_bad"
   for flags in ([f"--config.init_from={base / 'nope'}"],
-                [f"--config.init_from={source}", "--config.data.extend_vocab=1.5"]):
+                [f"--config.init_from={source}", "--config.data.extend_vocab=1.5"],
+                # The default's value, given as a flag: the command line says it was asked.
+                [f"--config.init_from={source}", "--config.model.max_position_embeddings=512"]):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--config",
                            str(cfg_path), "--workdir", str(workdir), *flags],
                           capture_output=True, text=True, timeout=120,

@@ -59,8 +59,9 @@ def ours_of(model, pad_multiple: int = 8):
                                vocab_pad_multiple=pad_multiple)
   abstract = nn.meta.unbox(family.abstract_params(config))
   state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  params, missing = hf_modernbert.hf_state_to_params(state, config, abstract, source="test")
-  assert missing == []
+  params, missing, unused = hf_modernbert.hf_state_to_params(state, config, abstract,
+                                                              source="test")
+  assert missing == [] and unused == []
   return config, jax.tree.map(jnp.asarray, params)
 
 
@@ -178,7 +179,7 @@ def test_a_save_pretrained_model_imports_with_its_outputs(tmp_path):
   from bert_jax.io import convert
   model = hf_model(**SHAPES["odd_layers_short_window_biases"])
   model.save_pretrained(str(tmp_path / "saved"))
-  config, params = convert.read_modernbert_hf(str(tmp_path / "saved"))
+  config, params, _ = convert.read_modernbert_hf(str(tmp_path / "saved"))
   ids, mask = batch()
   with torch.no_grad():
     want = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
@@ -190,9 +191,67 @@ def test_a_save_pretrained_model_imports_with_its_outputs(tmp_path):
   model.model.save_pretrained(str(tmp_path / "bare"))
   with open(tmp_path / "bare" / "config.json") as f:
     assert json.load(f)["architectures"] == ["ModernBertModel"]
-  _, bare = convert.read_modernbert_hf(str(tmp_path / "bare"))
+  _, bare, report = convert.read_modernbert_hf(str(tmp_path / "bare"))
+  assert report.groups["mlm"] == "initialised"
   np.testing.assert_array_equal(bare["bert"]["tok_embeddings"]["embedding"],
                                 params["bert"]["tok_embeddings"]["embedding"])
+
+
+def _saved(path, model) -> str:
+  """`model` saved by transformers, with a WordPiece vocab.txt of its V tokens."""
+  model.save_pretrained(str(path))
+  words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(V - 5)]
+  (path / "vocab.txt").write_text("".join(w + "\n" for w in words))
+  return str(path)
+
+
+def _one_error_line(capsys) -> str:
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and err.count("\n") == 1, err
+  return err
+
+
+def test_an_untied_decoder_is_refused_in_one_line_not_dropped(tmp_path, capsys):
+  """transformers' tie_word_embeddings=False keeps a decoder of its own; bert-jax's
+  ModernBERT decodes with its token table, so importing would change every logit."""
+  from bert_jax.commands import convert as convert_cli
+  model = hf_model(**SHAPES["no_biases_window_longer_than_the_row"], tie_word_embeddings=False)
+  with torch.no_grad():
+    model.decoder.weight.normal_(0.0, 0.5)
+  hf_dir = _saved(tmp_path / "untied", model)
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 2
+  assert "'decoder.weight' differs from the token embeddings" in _one_error_line(capsys)
+  assert not (tmp_path / "out").exists()
+  # Without the heads the encoder imports, and the unused tensors are named.
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out"), "--no-heads"]) == 0
+  out = capsys.readouterr().out
+  assert "MLM head (cls.predictions.*): initialised randomly (--no-heads)" in out
+  assert "ignored 4 tensor(s): decoder.bias, decoder.weight, head.dense.weight" in out
+
+
+def test_a_bare_model_says_its_head_was_initialised(tmp_path, capsys):
+  from bert_jax.commands import convert as convert_cli
+  model = hf_model(**SHAPES["no_biases_window_longer_than_the_row"])
+  hf_dir = _saved(tmp_path / "bare", model.model)
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
+  assert ("MLM head (cls.predictions.*): initialised randomly (not in the source)"
+          in capsys.readouterr().out)
+  from bert_jax.io import checkpointing
+  assert checkpointing.restore_params(str(tmp_path / "out"))[1]["heads"]["mlm"] == "initialised"
+
+
+def test_a_config_that_disagrees_with_the_weights_is_one_line(tmp_path, capsys):
+  from bert_jax.commands import convert as convert_cli
+  hf_dir = _saved(tmp_path / "hf", hf_model(**SHAPES["no_biases_window_longer_than_the_row"]))
+  with open(os.path.join(hf_dir, "config.json")) as f:
+    config = json.load(f)
+  config["hidden_size"] = 64
+  with open(os.path.join(hf_dir, "config.json"), "w") as f:
+    json.dump(config, f)
+  assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 2
+  err = _one_error_line(capsys)
+  assert ("tensor 'model.embeddings.tok_embeddings.weight' has shape (97, 32); the config.json "
+          "beside it implies (97, 64)") in err, err
 
 
 def test_the_family_trains_only_with_the_mlm_objective():
@@ -206,7 +265,9 @@ def test_the_family_trains_only_with_the_mlm_objective():
 
 @pytest.mark.parametrize("field, value", [("local_attention", 0),
                                           ("global_attn_every_n_layers", -1),
-                                          ("global_rope_theta", 0.0)])
+                                          ("global_rope_theta", 0.0),
+                                          ("global_rope_theta", float("inf")),
+                                          ("local_rope_theta", float("nan"))])
 def test_a_bad_modernbert_field_is_one_line_naming_it(field, value):
   with pytest.raises(ConfigError) as e:
     BertConfig(vocab_size=10, family="modernbert", hidden_size=32, num_heads=4,

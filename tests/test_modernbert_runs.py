@@ -81,10 +81,50 @@ def test_two_processes_of_four_devices_equal_one_process_of_eight(base, referenc
                              [want[s]["loss"] for s in sorted(want)], rtol=0, atol=1e-5)
 
 
-def test_an_export_continued_through_init_from_starts_where_the_run_ended(base, reference):
-  hf_dir = str(base / "hf")
-  subprocess.run([sys.executable, "-m", "bert_jax.convert", "to-hf", reference, hf_dir],
+@pytest.fixture(scope="module")
+def hf_dir(base, reference):
+  """The reference run exported by `convert to-hf`."""
+  out = str(base / "hf")
+  subprocess.run([sys.executable, "-m", "bert_jax.convert", "to-hf", reference, out],
                  cwd=ROOT, check=True, capture_output=True, env=soak_kill.subprocess_env())
+  return out
+
+
+def _evals(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return {r["step"]: r for r in map(json.loads, f) if r["split"] == "eval"}
+
+
+@pytest.mark.parametrize("kind", ["workdir", "import"])
+def test_a_workdir_or_its_import_continues_through_init_from_at_a_longer_length_and_theta(
+    base, reference, hf_dir, kind):
+  """docs/modernbert.md's second-run context extension: `init_from` of the run's workdir
+  (or of `convert from-hf` of its export), whose first phase is the source's last length
+  and base (so its step-0 evaluation is the source's last), then a longer length with a
+  new base."""
+  source = reference
+  if kind == "import":
+    source = str(base / "imported")
+    subprocess.run([sys.executable, "-m", "bert_jax.convert", "from-hf", hf_dir, source],
+                   cwd=ROOT, check=True, capture_output=True, env=soak_kill.subprocess_env())
+  continued = str(base / f"extended_{kind}")
+  proc = soak_kill.run_to_end(_args(base, continued, steps=4, phases=2, **{
+      "init_from": source, "data.cache_dir": str(base / "prepared_extended"),
+      "train.seq_lens": (32, 64), "train.max_predictions": (5, 10),
+      "train.phase_rope_thetas": (160000.0, 320000.0)}),
+                              soak_kill.subprocess_env(str(base / "xla")))
+  assert "init_from: encoder imported; MLM head (cls.predictions.*) imported" in proc.stdout
+  assert "phase 1: steps 2..4 at sequence length 64" in proc.stdout
+  ended, started = _evals(reference)[STEPS], _evals(continued)[0]
+  assert started["mlm_loss"] == pytest.approx(ended["mlm_loss"], abs=1e-5)
+  from bert_jax.io import checkpointing
+  from bert_jax.storage.workdir import Workdir
+  meta = checkpointing.restore_params(Workdir(continued).checkpoints, step=4)[1]
+  assert meta["model_config"]["global_rope_theta"] == 320000.0
+
+
+def test_an_export_continued_through_init_from_starts_where_the_run_ended(base, reference,
+                                                                           hf_dir):
   with open(os.path.join(hf_dir, "config.json")) as f:
     assert json.load(f)["architectures"] == ["ModernBertForMaskedLM"]
   continued = str(base / "continued")
@@ -94,11 +134,7 @@ def test_an_export_continued_through_init_from_starts_where_the_run_ended(base, 
       "train.phase_rope_thetas": ()}),
                               soak_kill.subprocess_env(str(base / "xla")))
   assert "init_from: encoder imported; MLM head (cls.predictions.*) imported" in proc.stdout
-
-  def evals(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      return {r["step"]: r for r in map(json.loads, f) if r["split"] == "eval"}
-  ended, started = evals(reference)[STEPS], evals(continued)[0]
+  ended, started = _evals(reference)[STEPS], _evals(continued)[0]
   assert started["mlm_loss"] == pytest.approx(ended["mlm_loss"], abs=1e-5)
 
 

@@ -30,12 +30,24 @@ def _one_error(proc) -> str:
     ("s3://x", "the s3:// scheme is not supported"),
     ("gs://", "names no bucket"),
     ("gs:///x", "did you mean gs://x?"),
+    # Trained, then ended rc 2: its log composed /x/metrics.jsonl, its checkpoints x/...
+    ("gs://bkt//x", "empty path segment ('//'); expected 'gs://bkt/x'"),
 ])
 def test_a_workdir_url_that_is_not_a_bucket_is_one_line_and_no_local_folder(
     tmp_path, workdir, says):
   line = _one_error(_train(tmp_path, "--workdir", workdir, "--config.train.num_steps=2"))
   assert line.startswith(f"error: --workdir {workdir!r}") and says in line, line
   assert os.listdir(tmp_path) == []  # no ./GS:/bkt/x, ./s3:/x: nothing written
+
+
+def test_cudnn_attention_on_a_cpu_is_refused_before_the_workdir_is_made(tmp_path):
+  """Refused once traced, it left prepared/, checkpoints/ and goodput/ in a new workdir."""
+  line = _one_error(_train(tmp_path, "--workdir", "run", "--config.train.num_steps=2",
+                           "--config.model.attention_kernel=cudnn",
+                           "--config.model.dtype=bfloat16",
+                           "--config.model.attention_dropout_rate=0.0"))
+  assert "attention_kernel='cudnn' needs an NVIDIA GPU" in line, line
+  assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("field", ["data.corpus", "data.cache_dir", "init_from",

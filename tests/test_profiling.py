@@ -100,3 +100,17 @@ def test_a_profile_request_of_bytes_that_are_not_text_traces_the_default_steps(
   assert started == [(10, 15)]
   assert not os.path.exists(tmp_path / "PROFILE")
   assert "UnicodeDecodeError" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["abc", "0", "-3"])
+def test_a_profile_request_that_is_not_a_step_count_says_so_and_traces_the_default(
+    tmp_path, monkeypatch, capsys, text):
+  from bert_jax.train import profiling
+  started = []
+  monkeypatch.setattr(profiling.StepProfiler, "_start",
+                      lambda self, step, end: started.append((step, end)))
+  (tmp_path / "PROFILE").write_text(text + "\n")
+  profiling.StepProfiler((), 5, str(tmp_path)).check_request(10)
+  assert started == [(10, 15)] and not os.path.exists(tmp_path / "PROFILE")
+  err = capsys.readouterr().err
+  assert f"holds {text!r}; expected a positive step count" in err, err

@@ -92,3 +92,23 @@ def test_a_hung_run_dumps_its_stacks_exits_3_and_the_rerun_resumes(tmp_path):
   done = soak_kill.run_to_end(args, soak_kill.subprocess_env())
   assert "resumed from" in done.stdout + done.stderr
   assert sorted(soak_kill.train_rows(workdir)) == list(range(1, 13))
+
+
+def test_each_stall_is_reported_not_only_the_first(tmp_path, capfd):
+  """The watchdog fired once per process: a false alarm (slow steps under load) left the
+  real stall later in the run unreported."""
+  with Watchdog(0.5, str(tmp_path)) as dog:
+    dog.beat(3)
+    time.sleep(1.2)  # the first stall
+    for step in range(4, 8):  # training goes on
+      dog.beat(step)
+      time.sleep(0.1)
+    time.sleep(1.2)  # the second, later stall
+  assert dog.stalls == 2
+  assert sorted(os.listdir(tmp_path)) == [f"hang-{os.uname().nodename}-{os.getpid()}-step{s}.txt"
+                                          for s in (3, 7)]
+  err = capfd.readouterr().err.splitlines()
+  assert [re.sub(r"for \d+ s", "for N s", l.split(" (")[0]) for l in err
+          if l.startswith("error:")] == [
+              f"error: no training step completed for N s after step {s}" for s in (3, 7)], err
+  assert sum(l.startswith("note: training went on at step") for l in err) == 1, err

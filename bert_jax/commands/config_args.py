@@ -46,17 +46,26 @@ def add_config(parser: argparse.ArgumentParser, default_config: str) -> None:
 
 
 def parse_known(parser: argparse.ArgumentParser, argv: list[str]):
-  """(args, config): the command's flags, and its config with the overrides applied."""
+  """(args, config): the command's flags, and its config with the overrides applied;
+  `args.explicit`: the fields the overrides set (`explicit_fields`)."""
   args, rest = parser.parse_known_args(argv)
   args.config = config_path(args.config)
+  args.explicit = explicit_fields(rest)
   return args, load_config(args.config, rest)
+
+
+def explicit_fields(overrides: list[str]) -> frozenset[str]:
+  """The dotted fields (`model.local_attention`) that `--config.FIELD` flags set, whatever
+  their values: a setting the user asked for, even at its default's value."""
+  return frozenset(a[len("--config."):].split("=", 1)[0] for a in overrides
+                   if a.startswith("--config."))
 
 
 def load_config(path: str, overrides: list[str]):
   """The locked ConfigDict of `path` with `--config.FIELD=VALUE` `overrides` applied."""
   from absl import flags  # pylint: disable=import-outside-toplevel
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
-  argv = ["bert-jax", f"--config={path}", *overrides]
+  argv = ["bert-jax", f"--config={path}", *_last_of_each(overrides)]
   values = flags.FlagValues()
   try:
     # ml_collections reads the overrides when the flag is defined: from `argv`.
@@ -71,6 +80,22 @@ def load_config(path: str, overrides: list[str]):
     raise ConfigError(f"unrecognized arguments: {' '.join(left)}; expected the flags that "
                       "--help lists, and --config.FIELD=VALUE")
   return config
+
+
+def _last_of_each(overrides: list[str]) -> list[str]:
+  """`overrides` with only the last setting of each field: a later flag replaces an
+  earlier one, for tuples as for scalars (absl's parser appends a tuple flag given twice:
+  `(64,)` then `(32,)` became `(64, 32)`)."""
+  groups, i = [], 0
+  while i < len(overrides):
+    arg = overrides[i]
+    takes_next = (arg.startswith("--config.") and "=" not in arg and i + 1 < len(overrides)
+                  and not overrides[i + 1].startswith("--"))
+    groups.append(overrides[i:i + 1 + takes_next])
+    i += 1 + takes_next
+  name = lambda g: g[0].split("=", 1)[0] if g[0].startswith("--config.") else None
+  last = {name(g): k for k, g in enumerate(groups)}
+  return [a for k, g in enumerate(groups) if name(g) is None or last[name(g)] == k for a in g]
 
 
 def _error_text(e: BaseException, overrides: list[str], values) -> str:

@@ -17,7 +17,7 @@ from bert_jax.commands import common
 from bert_jax.io.convert import export_hf, import_hf, import_tf
 from bert_jax.io.hf_weights import ENCODER, GROUP_NAMES, POOLER
 from bert_jax.model.config import BertConfig
-from bert_jax.storage import fs
+from bert_jax.storage import fs, outputs
 
 
 def _describe(config: BertConfig) -> str:
@@ -70,6 +70,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _main(argv: list[str]) -> None:
   args = _parser().parse_args(argv)
+  # Before anything is read or mirrored: an output that is (or holds, or sits inside) the
+  # source would replace it with --overwrite.
+  outputs.check_apart("OUT_HF_DIR" if args.command == "to-hf" else "OUT_DIR", args.out_dir,
+                      (("CKPT" if args.command == "to-hf" else "the source", args.source),))
   if args.command == "to-hf":
     meta = export_hf(args.source, args.out_dir, step=args.step, overwrite=args.overwrite)
     print(f"exported {fs.abspath(args.source)} (step {meta.get('step')}) -> "

@@ -117,9 +117,11 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
-def _check_save(path: Optional[str], overwrite: bool) -> None:
+def _check_save(path: Optional[str], overwrite: bool, checkpoint: str) -> None:
   if path is None:
     return
+  # --save onto (or inside, or above) the checkpoint it fine-tunes would replace it.
+  outputs.check_apart("--save", path, (("--checkpoint", checkpoint),))
   path = fs.abspath(path)
   if fs.isfile(path):
     raise ConfigError(f"--save {path}: exists and is not a directory; expected a directory "
@@ -143,7 +145,7 @@ def run(args: argparse.Namespace) -> dict:
       weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
       head_dropout=args.head_dropout, eval_batch_size=args.eval_batch_size,
       dtype=args.dtype).validate()
-  _check_save(args.save, args.overwrite)
+  _check_save(args.save, args.overwrite, args.checkpoint)
   if args.output_dir is not None and fs.isfile(args.output_dir):
     raise ConfigError(f"--output_dir {args.output_dir}: exists and is not a directory")
   if not fs.isdir(args.checkpoint):

@@ -98,7 +98,8 @@ def _train(args: argparse.Namespace, config) -> None:
     # noted, and preparation and start-up stop at their next safe point.
     signal.signal(signal.SIGTERM, _terminated)
     # The session's goodput counts from the process's start: imports and start-up too.
-    train_and_evaluate(config, args.workdir, started=goodput.process_start_time())
+    train_and_evaluate(config, args.workdir, started=goodput.process_start_time(),
+                       explicit=args.explicit)
     # Past the last safe point the run is complete: a SIGTERM from here to the exit
     # (the interpreter's shutdown takes a second or more) says so instead of promising
     # a stop, and one that came before says so too; once either way.

@@ -49,6 +49,10 @@ class BpeTokenizer(Vocabulary):
     for tok, i in ids.items():
       if not 0 <= i < len(vocab):
         raise ConfigError(f"{source}: token ids are not 0..{len(ids) - 1} (id {i} of {tok!r})")
+      if vocab[i] is not None:  # else a gap (None) in the vocabulary a checkpoint keeps
+        first, second = sorted((vocab[i], tok))
+        raise ConfigError(f"{source}: tokens {first!r} and {second!r} share id {i}; expected "
+                          "one token per id")
       vocab[i] = tok
     missing = [t for t in SPECIAL_TOKENS if t not in ids]
     if missing:

@@ -60,7 +60,7 @@ from bert_jax.storage import fs, outputs, workdir
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
 from bert_jax.eval import finetune_report as report, metrics as metrics_lib, tasks as tasks_lib
-from bert_jax.eval.classifier import SequenceClassifier, init_head
+from bert_jax.eval.classifier import SequenceClassifier, init_head, with_head
 from bert_jax.eval.finetune_data import Split, encode_split, pad_batch, plan_batches
 from bert_jax.eval.finetune_report import RESULTS_FILE, RunResult, run_name, summarize
 from bert_jax.model.config import BertConfig
@@ -142,7 +142,7 @@ class FineTuner:
   def __init__(self, params: Any, config: BertConfig, tokenizer: AnyTokenizer,
                task: tasks_lib.Task, recipe: Recipe, *, meta: Optional[dict] = None,
                devices: Optional[Sequence[Any]] = None):
-    """`params` is the BertModel tree (a pre-training tree's params["bert"])."""
+    """`params`: the BertModel tree, or {"bert": it, the family's head} (with_head)."""
     recipe.validate()
     config.validate()
     if tokenizer.vocab_size != config.vocab_size:
@@ -190,7 +190,7 @@ class FineTuner:
     self.tx, self.schedule = optim.make_optimizer(OptimizerSettings(
         learning_rate=1.0, warmup_steps=self.warmup_steps, num_steps=self.num_steps,
         weight_decay=recipe.weight_decay, max_grad_norm=recipe.max_grad_norm))
-    self._base = jax.device_get(params)  # each run starts from a fresh copy
+    self._base = with_head(jax.device_get(params), self.config, self.model)
     self._rep = sharding.replicated(self.mesh)
     self._bs = sharding.batch_sharding(self.mesh)
     self._compile()
@@ -200,9 +200,9 @@ class FineTuner:
   def from_checkpoint(cls, path: str, task: tasks_lib.Task, recipe: Recipe, *,
                       step: Optional[int] = None,
                       devices: Optional[Sequence[Any]] = None) -> FineTuner:
-    params, config, tokenizer, meta = restore.load_checkpoint(path, step, devices=devices)
-    meta = {**meta, "checkpoint": fs.abspath(path)}
-    return cls(params, config, tokenizer, task, recipe, meta=meta, devices=devices)
+    params, config, tok, meta = restore.load_checkpoint(path, step, devices=devices, head=True)
+    return cls(params, config, tok, task, recipe, meta={**meta, "checkpoint": fs.abspath(path)},
+               devices=devices)
 
   # --- compiled steps ---
 
@@ -258,7 +258,7 @@ class FineTuner:
   def initial_params(self, seed: int) -> Any:
     head = init_head(self.config, self.task.num_classes,
                      jax.random.fold_in(jax.random.key(seed), 0))
-    return self._put_replicated({"bert": self._base, "classifier": head})
+    return self._put_replicated({**self._base, "classifier": head})
 
   def predict(self, params: Any, split: Split) -> np.ndarray:
     """Class ids (classification) or values (regression), in row order."""
@@ -443,7 +443,8 @@ class FineTuner:
       raise ConfigError("save: no fine-tuned run to save; run sweep first")
     meta = self.save_meta(results)
     if jax.process_index() == 0:
-      with outputs.atomic_output_dir(directory, overwrite) as tmp:
+      with outputs.atomic_output_dir(directory, overwrite,
+                                     (("--checkpoint", self.meta.get("checkpoint", "")),)) as tmp:
         checkpointing.save_params(tmp, meta["step"], self.best_params, meta,
                                   this_process_only=True)
     return fs.join(workdir.Workdir(fs.abspath(directory)).checkpoints, str(meta["step"]))

@@ -17,6 +17,7 @@ from bert_jax.data.bpe import AnyTokenizer
 from bert_jax.parallel import sharding
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.io import checkpointing
+from bert_jax.model import family
 from bert_jax.model.family import abstract_params
 from bert_jax.model.config import BertConfig
 
@@ -42,14 +43,16 @@ def _check_params(params: Any, config: BertConfig, where: str) -> None:
 
 def load_checkpoint(path: str, step: Optional[int] = None,
                     expect_config: Optional[Mapping[str, Any]] = None,
-                    devices: Optional[Sequence[Any]] = None
+                    devices: Optional[Sequence[Any]] = None, *, head: bool = False
                     ) -> tuple[Any, BertConfig, AnyTokenizer, dict]:
   """(encoder params, config, tokenizer, meta) of a workdir, checkpoints/ or step dir.
 
   Only the params are restored (never the optimizer state), replicated over
   `devices`; the BertModel tree is returned (a pre-training tree's heads are
   dropped). `expect_config` (e.g. {"num_layers": 12}) must match the
-  checkpoint's model config field by field.
+  checkpoint's model config field by field. `head`: the tree is {"bert": encoder, and
+  the family's prediction head (`family.head_params`) where the checkpoint has it}, as a
+  fine-tuning classifier starts from.
   """
   if os.path.isfile(path):
     raise CheckpointError(f"checkpoint {path}: is a file; expected a checkpoint directory "
@@ -72,8 +75,12 @@ def load_checkpoint(path: str, step: Optional[int] = None,
     if meta["model_config"][key] != want:
       raise CheckpointError(f"checkpoint {path} has model {key}={meta['model_config'][key]!r} "
                             f"but {want!r} was expected")
+  kept = {}
   if isinstance(params, Mapping) and "bert" in params:
+    kept = {k: params[k] for k in family.head_params(config) if k in params}
     params = params["bert"]  # a BertForPreTraining tree: heads are not needed
   _check_params(params, config, path)
+  if head:
+    params = {"bert": params, **kept}
   tokenizer = bpe.from_meta(meta, source=f"checkpoint {path} vocab")
   return params, config, tokenizer, meta

@@ -31,7 +31,7 @@ from safetensors.numpy import save_file
 
 from bert_jax.io import checkpointing, hf_modernbert
 from bert_jax.storage import fs
-from bert_jax.storage.outputs import atomic_output_dir
+from bert_jax.storage.outputs import atomic_output_dir, check_apart
 from bert_jax.storage.workdir import Workdir
 from bert_jax.io.hf_weights import (ConvertError, ImportReport, bert_config_from_hf,
                                  hf_config_from_bert, hf_state_to_params, params_to_hf_state,
@@ -44,8 +44,9 @@ from bert_jax.data import bpe
 from bert_jax.data.bpe import AnyTokenizer
 
 
-def _save_imported(out_dir: str, overwrite: bool, params: dict, meta: dict) -> str:
-  with atomic_output_dir(out_dir, overwrite) as tmp:
+def _save_imported(out_dir: str, overwrite: bool, params: dict, meta: dict,
+                   source: str) -> str:
+  with atomic_output_dir(out_dir, overwrite, reads=(("the source", source),)) as tmp:
     checkpointing.save_params(tmp, 0, params, meta)
   return fs.join(Workdir(fs.abspath(out_dir)).checkpoints, "0")
 
@@ -61,32 +62,38 @@ def _meta(config: BertConfig, tokenizer: AnyTokenizer, lowercase_from: str, sour
           "source": source, "heads": dict(report.groups), "ignored": report.ignored}
 
 
-def read_modernbert_hf(hf_dir: str, seed: int = 0) -> tuple[BertConfig, dict]:
-  """(config, params) of a transformers ModernBertForMaskedLM or ModernBertModel
-  directory (config.json + safetensors); a bare encoder's MLM head is initialised."""
+def read_modernbert_hf(hf_dir: str, seed: int = 0,
+                       heads: bool = True) -> tuple[BertConfig, dict, ImportReport]:
+  """(config, params, what was imported) of a transformers ModernBertForMaskedLM or
+  ModernBertModel directory (config.json + safetensors); a bare encoder's MLM head, or
+  any with `heads=False`, is initialised."""
   config_path = os.path.join(hf_dir, "config.json")
   config = hf_modernbert.config_from_hf(read_json(config_path, "model config"), config_path)
   config = dataclasses.replace(config, vocab_pad_multiple=128).validate()
   state, weights_file = load_hf_weights(hf_dir)
-  params, missing = hf_modernbert.hf_state_to_params(
-      state, config, hf_modernbert.abstract_params(config), source=weights_file)
+  params, missing, unused = hf_modernbert.hf_state_to_params(
+      state, config, hf_modernbert.abstract_params(config), source=weights_file, heads=heads)
   params = hf_modernbert.fill_missing(params, missing, config, seed)
-  return config, params
+  report = ImportReport(groups={"encoder": "imported",
+                                "mlm": "initialised" if missing else "imported"},
+                        ignored=unused)
+  return config, params, report
 
 
 def write_modernbert_hf(out_dir: str, params: dict, config: BertConfig,
                         special: dict, overwrite: bool = False,
-                        tokenizer: Optional[AnyTokenizer] = None) -> None:
+                        tokenizer: Optional[AnyTokenizer] = None,
+                        reads: tuple = (), classifier: Optional[dict] = None) -> None:
   """A ModernBertForMaskedLM directory transformers loads natively (no remote code):
   config.json, model.safetensors and, with `tokenizer`, its tokenizer files."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   state = hf_modernbert.params_to_hf_state(jax_to_numpy(params), config)
-  state.pop("decoder.weight")  # tied: transformers fills it from the token table
+  state.pop("decoder.weight", None)  # tied: transformers fills it from the token table
   state = {k: np.ascontiguousarray(v) for k, v in state.items()}
-  with atomic_output_dir(out_dir, overwrite) as tmp:
+  with atomic_output_dir(out_dir, overwrite, reads) as tmp:
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     os.chmod(os.path.join(tmp, "model.safetensors"), 0o644)
-    _write_json(tmp, "config.json", hf_modernbert.hf_config(config, special))
+    _write_json(tmp, "config.json", hf_modernbert.hf_config(config, special, classifier))
     if tokenizer is not None:
       _write_tokenizer(tmp, tokenizer, config)
 
@@ -130,29 +137,28 @@ def import_hf(hf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = F
   config_path = os.path.join(hf_dir, "config.json")
   hf_config = read_json(config_path, "model config")
   if hf_modernbert.is_modernbert(hf_config):
-    return _import_modernbert(hf_dir, out_dir, hf_config, overwrite, seed, lowercase)
+    return _import_modernbert(hf_dir, out_dir, hf_config, overwrite, seed, lowercase, heads)
   config = bert_config_from_hf(hf_config, config_path)
   lower, lower_from = resolve_lowercase(hf_dir, hf_config, lowercase)
   tokenizer = read_vocab(hf_dir, config, lower, config_path)
   state, weights_file = load_hf_weights(hf_dir)
   params, report = hf_state_to_params(state, config, source=weights_file, heads=heads, seed=seed)
   meta = _meta(config, tokenizer, lower_from, f"huggingface:{hf_dir}", report)
-  meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta)
+  meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta, hf_dir)
   return meta
 
 
 def _import_modernbert(hf_dir: str, out_dir: str, hf_config: dict, overwrite: bool, seed: int,
-                       lowercase: Optional[bool]) -> dict:
+                       lowercase: Optional[bool], heads: bool) -> dict:
   config_path = os.path.join(hf_dir, "config.json")
-  config, params = read_modernbert_hf(hf_dir, seed)
+  config, params, report = read_modernbert_hf(hf_dir, seed, heads)
   if not os.path.isfile(os.path.join(hf_dir, "vocab.txt")):  # a BPE: its normalizer decides
     tokenizer, lower_from = read_tokenizer_json(hf_dir, config), "its tokenizer.json"
   else:
     lower, lower_from = resolve_lowercase(hf_dir, hf_config, lowercase)
     tokenizer = read_vocab(hf_dir, config, lower, config_path)
-  report = ImportReport(groups={"encoder": "imported", "mlm": "imported"}, ignored=[])
   meta = _meta(config, tokenizer, lower_from, f"huggingface:{hf_dir}", report)
-  meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta)
+  meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta, hf_dir)
   return meta
 
 
@@ -174,7 +180,7 @@ def import_tf(tf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = F
   state = tf_to_hf(load_tf_checkpoint(prefix))
   params, report = hf_state_to_params(state, config, source=prefix, heads=heads, seed=seed)
   meta = _meta(config, tokenizer, lower_from, f"tensorflow:{prefix}", report)
-  meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta)
+  meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta, tf_dir)
   return meta
 
 
@@ -184,6 +190,8 @@ def export_hf(ckpt: str, out_dir: str, step: Optional[int] = None,
 
   Returns the meta of the exported checkpoint.
   """
+  reads = (("the checkpoint", ckpt),)
+  check_apart("output", out_dir, reads)  # before reading: a bad target costs nothing
   params, meta = checkpointing.restore_params(ckpt, step=step)
   where = f"checkpoint {os.path.abspath(ckpt)}"
   for field in ("model_config", "vocab", "lowercase"):
@@ -199,10 +207,11 @@ def export_hf(ckpt: str, out_dir: str, step: Optional[int] = None,
                        f"vocab_size={config.vocab_size}")
   if config.family == "modernbert":
     ids = dict(zip(("pad", "unk", "cls", "sep", "mask"), tokenizer.special_ids()))
-    write_modernbert_hf(out_dir, params, config, ids, overwrite, tokenizer)
+    write_modernbert_hf(out_dir, params, config, ids, overwrite, tokenizer, reads,
+                        meta.get("classifier"))
     return meta
   state = params_to_hf_state(params, config)
-  with atomic_output_dir(out_dir, overwrite) as tmp:
+  with atomic_output_dir(out_dir, overwrite, reads) as tmp:
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     _write_json(tmp, "config.json", hf_config_from_bert(config, meta.get("classifier")))
     _write_tokenizer(tmp, tokenizer, config)

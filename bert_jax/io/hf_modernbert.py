@@ -12,12 +12,13 @@ Shape legend: V vocab (Vp padded), D hidden, H heads, K head size, F intermediat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from bert_jax.errors import CheckpointError
 from bert_jax.model.config import BertConfig
+from bert_jax.io.hf_weights import classifier_fields
 
 ARCHITECTURES = ("ModernBertForMaskedLM", "ModernBertModel")
 # hidden_activation / classifier_activation -> gelu_approximate.
@@ -62,10 +63,16 @@ def config_from_hf(hf: Mapping, source: str) -> BertConfig:
       classifier_bias=bool(hf.get("classifier_bias", False)))
 
 
-def hf_config(config: BertConfig, special: Mapping[str, int]) -> dict:
+def hf_config(config: BertConfig, special: Mapping[str, int],
+              classifier: Optional[Mapping] = None) -> dict:
   """The config.json of a transformers ModernBertForMaskedLM with `config`'s settings;
-  `special`: ids of pad, cls, sep, mask (bos = cls, eos = sep as ModernBERT's)."""
+  `special`: ids of pad, cls, sep, mask (bos = cls, eos = sep as ModernBERT's). With
+  `classifier` (a fine-tuned checkpoint's meta["classifier"]): a
+  ModernBertForSequenceClassification's, pooling [CLS] as bert-jax's classifier does."""
   act = "gelu_pytorch_tanh" if config.gelu_approximate else "gelu"
+  head = classifier_fields(classifier, "ModernBertForSequenceClassification")
+  if head:
+    head["classifier_dropout"] = head["classifier_dropout"] or 0.0
   return {
       "architectures": ["ModernBertForMaskedLM"], "model_type": "modernbert",
       "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
@@ -86,7 +93,7 @@ def hf_config(config: BertConfig, special: Mapping[str, int]) -> dict:
       "pad_token_id": special["pad"], "cls_token_id": special["cls"],
       "sep_token_id": special["sep"], "bos_token_id": special["cls"],
       "eos_token_id": special["sep"], "mask_token_id": special.get("mask"),
-      "tie_word_embeddings": True, "torch_dtype": "float32",
+      "tie_word_embeddings": True, "torch_dtype": "float32", **head,
   }
 
 
@@ -145,6 +152,21 @@ def _to_hf(layout: str, a: np.ndarray, c: BertConfig) -> np.ndarray:
   return a
 
 
+def _hf_shape(layout: str, shape: tuple, c: BertConfig) -> tuple:
+  """The shape transformers stores for one of our tensors of `shape` (`_to_hf`'s)."""
+  if layout in ("table", "vocab_vector"):
+    return (c.vocab_size,) + tuple(shape[1:])
+  if layout == "in_split":
+    return (int(np.prod(shape[1:])), shape[0])
+  if layout == "heads_in":
+    return (shape[-1], int(np.prod(shape[:-1])))
+  if layout == "dense":
+    return (shape[1], shape[0])
+  if layout == "flat":
+    return (int(np.prod(shape)),)
+  return tuple(shape)
+
+
 def _to_ours(layout: str, hf: np.ndarray, shape: tuple) -> np.ndarray:
   if layout in ("table", "vocab_vector"):  # padded rows stay zero
     out = np.zeros(shape, np.float32)
@@ -161,24 +183,50 @@ def _to_ours(layout: str, hf: np.ndarray, shape: tuple) -> np.ndarray:
 
 def params_to_hf_state(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
   """Our pre-training params as a ModernBertForMaskedLM state dict (float32; the tied
-  decoder weight is the token table, as transformers stores it)."""
+  decoder weight is the token table, as transformers stores it). A fine-tuned tree
+  (bert, head, classifier: bert_jax.eval.classifier) gives what
+  `ModernBertForSequenceClassification` holds: no decoder, `classifier.weight/bias`."""
+  classifier = "classifier" in params
   out = {}
   for name, path, layout in tensor_table(config):
+    if classifier and name.startswith("decoder."):
+      continue
     node: Any = params
-    for k in path:
-      node = node[k]
+    try:
+      for k in path:
+        node = node[k]
+    except (KeyError, TypeError):
+      raise CheckpointError(f"checkpoint params have no {'/'.join(path)} (expected a "
+                            "ModernBERT pre-training or fine-tuned parameter tree)") from None
     out[name] = np.ascontiguousarray(_to_hf(layout, np.asarray(node, np.float32), config))
-  out["decoder.weight"] = out["model.embeddings.tok_embeddings.weight"]
+  if classifier:  # ours: kernel [D, C]; HF's Linear: weight [C, D]
+    out["classifier.weight"] = np.ascontiguousarray(
+        np.asarray(params["classifier"]["kernel"], np.float32).T)
+    out["classifier.bias"] = np.asarray(params["classifier"]["bias"], np.float32)
+  else:
+    out["decoder.weight"] = out["model.embeddings.tok_embeddings.weight"]
   return out
 
 
+# A bare ModernBertModel's tensor names (no "model." prefix).
+_ENCODER_PREFIXES = ("embeddings.", "layers.", "final_norm.")
+_TIED = ("decoder.weight", "model.embeddings.tok_embeddings.weight")
+
+
 def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig,
-                       abstract: Mapping, *, source: str) -> tuple[dict, list[str]]:
+                       abstract: Mapping, *, source: str,
+                       heads: bool = True) -> tuple[dict, list[str], list[str]]:
   """A ModernBertForMaskedLM or ModernBertModel state dict as our params; returns
-  (params, paths missing in the source: the MLM head of a bare ModernBertModel, which
-  the caller initialises). Unknown or mis-shaped tensors are one CheckpointError."""
-  names = {k if k.startswith(("model.", "head.", "decoder.")) else f"model.{k}": k
-           for k in state}
+  (params, paths missing in the source: the MLM head of a bare ModernBertModel, or every
+  head path with `heads=False`, which the caller initialises; source names not used).
+
+  Every source tensor is mapped or named: another task's tensors (a classifier's) and,
+  with `heads=False`, the head's are returned as unused; an unknown encoder tensor, a
+  mis-shaped one, or a decoder that is not the token table (transformers'
+  `tie_word_embeddings=False`: this family decodes with its token embeddings) is one
+  CheckpointError line."""
+  canon_of = {k: f"model.{k}" if k.startswith(_ENCODER_PREFIXES) else k for k in state}
+  names = {c: k for k, c in canon_of.items()}
   params: dict = {}
   missing, used = [], set()
   for name, path, layout in tensor_table(config):
@@ -186,29 +234,40 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig,
     for k in path:
       node = node[k]
     shape = tuple(node.shape)
-    if name not in names:
+    if name not in names or (not heads and path[0] != "bert"):
       if path[0] == "bert":
         raise CheckpointError(f"{source}: no tensor {name!r}; expected a ModernBertModel or "
                               "ModernBertForMaskedLM state dict of this config")
       missing.append("/".join(path))
       continue
     hf = np.asarray(state[names[name]], np.float32)
+    if hf.shape != _hf_shape(layout, shape, config):  # before any reshape: one line
+      raise CheckpointError(f"{source}: tensor {name!r} has shape {hf.shape}; the config.json "
+                            f"beside it implies {_hf_shape(layout, shape, config)}")
     value = _to_ours(layout, hf, shape)
-    if value.shape != shape:
-      raise CheckpointError(f"{source}: {name} has shape {hf.shape}; expected one that maps "
-                            f"to {shape}")
     used.add(names[name])
     cur = params
     for k in path[:-1]:
       cur = cur.setdefault(k, {})
     cur[path[-1]] = value
-  extra = sorted(k for k in state if k not in used and names.get(k, k) not in (
-      "decoder.weight",) and not k.endswith("decoder.weight"))
-  if extra:
-    raise CheckpointError(f"{source}: tensors this config has no place for: {extra[:5]}"
-                          f"{' ...' if len(extra) > 5 else ''}; expected a ModernBERT of the "
-                          "config.json beside them")
-  return params, missing
+  decoder, table = (names.get(n) for n in _TIED)
+  if decoder is not None and heads:
+    if not (table is not None and np.array_equal(np.asarray(state[decoder]),
+                                                 np.asarray(state[table]))):
+      raise CheckpointError(
+          f"{source}: {decoder!r} differs from the token embeddings (an untied decoder, "
+          "tie_word_embeddings=False); bert-jax's ModernBERT decodes with its token table, "
+          "so importing it would change the model's predictions; expected a tied decoder "
+          "(or --no-heads, which leaves the MLM head out)")
+    used.add(decoder)
+  unused = sorted(k for k in state if k not in used)
+  unknown = [k for k in unused if canon_of[k].startswith("model.")
+             or (heads and canon_of[k].startswith(("head.", "decoder.")))]
+  if unknown:
+    raise CheckpointError(f"{source}: tensors this config has no place for: {unknown[:5]}"
+                          f"{' ...' if len(unknown) > 5 else ''}; expected a ModernBERT of "
+                          "the config.json beside them")
+  return params, missing, unused
 
 
 def fill_missing(params: dict, missing: list[str], config: BertConfig, seed: int) -> dict:

@@ -177,7 +177,8 @@ def bert_config_from_hf(hf: Mapping, source: str) -> BertConfig:
     raise ConfigError(f"{source}: missing field '{missing[0]}' (a BERT config needs "
                       f"{', '.join(_REQUIRED_FIELDS)})")
   if hf.get("model_type", "bert") != "bert":
-    raise ConfigError(f"{source}: model_type is {hf['model_type']!r}; expected 'bert'")
+    raise ConfigError(f"{source}: model_type is {hf['model_type']!r}; expected 'bert' or "
+                      "'modernbert'")
   if hf.get("position_embedding_type", "absolute") != "absolute":
     raise ConfigError(f"{source}: position_embedding_type "
                       f"{hf['position_embedding_type']!r} is not supported; expected 'absolute'")
@@ -208,21 +209,27 @@ def bert_config_from_hf(hf: Mapping, source: str) -> BertConfig:
     raise ConfigError(f"{source}: {e}".replace("config.model.", "")) from None
 
 
+def classifier_fields(classifier: Optional[Mapping], architecture: str) -> dict:
+  """The config.json fields of a sequence classifier (`architecture`) from a fine-tuned
+  checkpoint's meta["classifier"] (num_labels, labels, problem_type, dropout); {} if None."""
+  if classifier is None:
+    return {}
+  n = int(classifier["num_labels"])
+  names = list(classifier.get("labels") or [f"LABEL_{i}" for i in range(n)])
+  return {"architectures": [architecture], "num_labels": n,
+          "id2label": {str(i): name for i, name in enumerate(names)},
+          "label2id": {name: i for i, name in enumerate(names)},
+          "problem_type": classifier["problem_type"],
+          "classifier_dropout": classifier.get("dropout")}
+
+
 def hf_config_from_bert(config: BertConfig, classifier: Optional[Mapping] = None) -> dict:
   """The `config.json` of a transformers BertForPreTraining with `config`'s settings.
 
   With `classifier` (a fine-tuned checkpoint's meta["classifier"]: num_labels,
   labels, problem_type): a BertForSequenceClassification's instead.
   """
-  head = {}
-  if classifier is not None:
-    n = int(classifier["num_labels"])
-    names = list(classifier.get("labels") or [f"LABEL_{i}" for i in range(n)])
-    head = {"architectures": ["BertForSequenceClassification"], "num_labels": n,
-            "id2label": {str(i): name for i, name in enumerate(names)},
-            "label2id": {name: i for i, name in enumerate(names)},
-            "problem_type": classifier["problem_type"],
-            "classifier_dropout": classifier.get("dropout")}
+  head = classifier_fields(classifier, "BertForSequenceClassification")
   return {
       "architectures": ["BertForPreTraining"], "model_type": "bert",
       "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,

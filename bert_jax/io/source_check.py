@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.io import sources
-from bert_jax.io.hf_weights import (ConvertError, abstract_params_of, get_path, tensor_spec, match_hf_names,
+from bert_jax.io.hf_weights import (ConvertError, abstract_params_of, get_path, match_hf_names,
                                  tf_to_hf)
 from bert_jax.model.config import BertConfig
 from bert_jax.storage import fs
@@ -217,17 +217,22 @@ def tensorflow_shapes(directory: str) -> dict[str, tuple]:
 
 
 def check_params(params: Any, config: BertConfig, where: str) -> None:
-  """A bert-jax source's parameter tree has every parameter of `config`, in its shape."""
+  """A bert-jax source's parameter tree has every parameter of `config`'s family (its
+  encoder and pre-training heads), each in its shape."""
+  import jax  # pylint: disable=import-outside-toplevel
   abstract = abstract_params_of(config)
-  for t in tensor_spec(config):
+  tree = "BertForPreTraining" if config.family == "bert" else "ModernBertForPreTraining"
+  for key_path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+    path = tuple(str(getattr(k, "key", k)) for k in key_path)
     try:
-      got = tuple(np.shape(get_path(params, t.path)))
+      got = tuple(np.shape(get_path(params, path)))
     except (KeyError, TypeError):
-      raise ConvertError(f"{where}: params have no {'/'.join(t.path)}; expected a "
-                         "BertForPreTraining parameter tree") from None
-    want = tuple(get_path(abstract, t.path).shape)
+      raise ConvertError(f"{where}: params have no {'/'.join(path)}; expected a {tree} "
+                         f"parameter tree (the checkpoint meta's model family is "
+                         f"{config.family!r})") from None
+    want = tuple(leaf.shape)
     if got != want:
-      raise ConvertError(f"{where}: param {'/'.join(t.path)} has shape {got}; its meta's "
+      raise ConvertError(f"{where}: param {'/'.join(path)} has shape {got}; its meta's "
                          f"model_config expects {want}")
 
 

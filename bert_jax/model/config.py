@@ -4,6 +4,7 @@ Settings, data and checkpoint code read and check it without importing the model
 """
 
 import dataclasses
+import math
 import numbers
 from typing import Any
 
@@ -178,8 +179,11 @@ class BertConfig:
         raise ConfigError(f"config.model.{name}={value!r}: expected a positive integer")
     for name in ("global_rope_theta", "local_rope_theta"):
       value = getattr(self, name)
-      if not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"config.model.{name}={value!r}: expected a positive number")
+      # inf too: the checkpoint meta and an export's config.json would hold `Infinity`,
+      # which is not JSON.
+      if (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0
+          or not math.isfinite(value)):
+        raise ConfigError(f"config.model.{name}={value!r}: expected a positive finite number")
     if (self.hidden_size // max(self.num_heads, 1)) % 2:
       raise ConfigError(f"config.model.family='modernbert' rotates head dimensions in pairs, "
                         f"but hidden_size/num_heads = {self.hidden_size}/{self.num_heads} is "

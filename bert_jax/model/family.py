@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from bert_jax.model.bert import BertForPreTraining, BertModel
 from bert_jax.model.config import BertConfig
+from bert_jax.model import modernbert
 from bert_jax.model.modernbert import ModernBertForPreTraining, ModernBertModel
 
 
@@ -30,6 +31,23 @@ def encoder_model(config: BertConfig, **kwargs) -> nn.Module:
   if config.family == "modernbert":
     return ModernBertModel(config, **kwargs)
   return BertModel(config, **kwargs)
+
+
+def has_prediction_head(config: BertConfig) -> bool:
+  """Whether a fine-tuning classifier applies the family's pre-trained prediction head
+  between pooling and the classifier (ModernBERT, as transformers does; BERT's pooler
+  is inside its encoder)."""
+  return config.family == "modernbert"
+
+
+def head_params(config: BertConfig) -> tuple:
+  """The top-level pre-training params a fine-tuning classifier keeps beside "bert"."""
+  return modernbert.HEAD_PARAMS if has_prediction_head(config) else ()
+
+
+def prediction_head(config: BertConfig, x_BxD):
+  """The family's prediction head on pooled vectors, inside a compact module."""
+  return modernbert.prediction_head(config, x_BxD)
 
 
 def _boxed_params(config: BertConfig, key: jax.Array) -> Any:

@@ -245,6 +245,21 @@ class ModernBertModel(nn.Module):
                                  op_dtype=c.compute_dtype)
 
 
+# The top-level params of the prediction head, which ModernBertForSequenceClassification
+# also applies between pooling and its classifier (transformers' `head.*`).
+HEAD_PARAMS = ("head_dense", "head_norm")
+
+
+def prediction_head(c: BertConfig, x_BxD):
+  """transformers' ModernBertPredictionHead (dense, GELU, norm) as `head_dense` and
+  `head_norm` of the calling compact module: a fine-tuning classifier's, whose values
+  come from the pre-trained MLM head, as transformers loads them."""
+  dense = nn.Dense(c.hidden_size, use_bias=c.classifier_bias, **dense_kw(c),
+                   kernel_init=_init(_stds(c)["out"], ("embed", "mlp")),
+                   bias_init=bert.zeros_init(("mlp",)), name="head_dense")
+  return Norm(c, name="head_norm")(bert.gelu(c, dense(x_BxD).astype(c.compute_dtype)))
+
+
 class ModernBertForPreTraining(nn.Module):
   """Encoder + MLM head (dense, GELU, norm, tied decoder with a bias), on the masked
   positions only; the same call and output as BertForPreTraining."""

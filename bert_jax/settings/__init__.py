@@ -17,6 +17,7 @@ here or from their section's module.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 import ml_collections
 
@@ -102,8 +103,9 @@ def _check_paths(c: ml_collections.ConfigDict) -> None:
       check_path(f"--config.{name}", node)
 
 
-def from_config(config: ml_collections.ConfigDict) -> Settings:
-  """Checks `config` and returns its typed settings; raises ConfigError naming the field."""
+def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> Settings:
+  """Checks `config` and returns its typed settings; raises ConfigError naming the field.
+  `explicit`: the fields a command line set (settings.init: what a source must agree with)."""
   c = config
   _check_paths(c)
   t = c.train
@@ -133,7 +135,7 @@ def from_config(config: ml_collections.ConfigDict) -> Settings:
       requested_kernel, fields["attention_dropout_rate"], tuple(t.seq_lens))
   model = BertConfig(vocab_size=1, **fields)
   data = c.data.to_dict()
-  init = init_settings(c, data)
+  init = init_settings(c, data, explicit)
   if not init.path:  # else the shape is the source's: bert_jax.train.init_from checks the config
     model.validate()
   _check_model_with_recipe(c, model, init)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Collection
 
 import ml_collections
 
@@ -28,14 +29,21 @@ class InitSettings:
 
   `overrides`: the source-owned fields (`model.<SOURCE_MODEL_FIELDS>`, `data.lowercase`)
   whose config value differs from the shipped default (default_config.py), i.e. that a
-  config file or a --config flag set; each must then equal the source's value.
+  config file set, and those a --config flag set whatever their value (with the
+  vocabulary's `SOURCE_DATA_FIELDS`); each must then equal the source's value.
   """
   path: str = ""
   extend_vocab: int = 0
   overrides: tuple = ()  # ((field, value), ...)
 
 
-def init_settings(c: ml_collections.ConfigDict, data: dict) -> InitSettings:
+# The vocabulary's settings, which the source decides too: refused when a flag sets them
+# to another value, said when a config file does (bert_jax.train.init_from).
+SOURCE_DATA_FIELDS = ("tokenizer", "vocab_size")
+
+
+def init_settings(c: ml_collections.ConfigDict, data: dict,
+                  explicit: Collection[str] = ()) -> InitSettings:
   path = c.get("init_from", "")
   extend = data.pop("extend_vocab", 0)
   if not isinstance(path, str):
@@ -52,8 +60,10 @@ def init_settings(c: ml_collections.ConfigDict, data: dict) -> InitSettings:
                       "vocabulary of a continued run)")
   shipped = default_config.get_config()
   overrides = [(f"model.{k}", c.model[k]) for k in SOURCE_MODEL_FIELDS
-               if k in c.model and c.model[k] != shipped.model[k]]
-  if data.get("lowercase", True) != shipped.data.lowercase:
+               if k in c.model and (c.model[k] != shipped.model[k] or f"model.{k}" in explicit)]
+  if data.get("lowercase", True) != shipped.data.lowercase or "data.lowercase" in explicit:
     overrides.append(("data.lowercase", data["lowercase"]))
+  overrides += [(f"data.{k}", data[k]) for k in SOURCE_DATA_FIELDS
+                if f"data.{k}" in explicit and k in data]
   return InitSettings(os.path.expanduser(path) if path else "", extend,
                       tuple(overrides) if path else ())

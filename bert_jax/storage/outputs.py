@@ -15,7 +15,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from bert_jax.errors import ConfigError
 from bert_jax.storage import fs
@@ -87,6 +87,38 @@ def same_path(a: object, b: object) -> bool:
                     and os.path.realpath(a) == os.path.realpath(b))
 
 
+def _components(path: str) -> tuple[str, ...]:
+  """`path` as its components: a bucket's with `gs:` first (empty names, as `//` gives,
+  dropped: GCS and the fs layer read `a//b` as `a/b`), a local one resolved (symlinks,
+  `..`)."""
+  if fs.is_gcs(path):
+    return ("gs:",) + tuple(p for p in str(path)[len("gs://"):].split("/") if p)
+  return tuple(p for p in os.path.realpath(os.path.expanduser(str(path))).split(os.sep) if p)
+
+
+def check_apart(out_flag: str, out: str, reads: Sequence[tuple[str, str]]) -> None:
+  """The output `out` is neither one of the paths a command reads (`reads`: (flag, path)),
+  nor inside one, nor holds one: replacing it (`--overwrite`) or writing into it would
+  delete or change what the command reads (a run exported onto itself once lost its
+  checkpoints). One ConfigError line; nothing is touched."""
+  o = _components(out)
+  for in_flag, path in reads:
+    if not path:
+      continue
+    i = _components(path)
+    if o == i:
+      how = "is"
+    elif o[:len(i)] == i:
+      how = "is inside"
+    elif i[:len(o)] == o:
+      how = "holds"
+    else:
+      continue
+    raise ConfigError(f"{out_flag} {out} {how} {in_flag} {path}, which this command reads; "
+                      "expected an output apart from it (writing there would replace what "
+                      "is read); nothing was written")
+
+
 # --- staging folders ---
 
 
@@ -119,11 +151,15 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out_dir: str, overwrite: bool) -> Iterator[str]:
+def atomic_output_dir(out_dir: str, overwrite: bool,
+                      reads: Sequence[tuple[str, str]] = ()) -> Iterator[str]:
   """Yields a temp dir beside `out_dir` that becomes `out_dir` only if the block succeeds.
 
-  A `gs://` out_dir: the temp dir is local and is uploaded when the block succeeds
-  (`_upload_tree`)."""
+  `reads`: (flag, path) of what the caller read to make the output; an `out_dir` that is
+  one of them, inside one or holds one is refused (`check_apart`) before anything is
+  touched. A `gs://` out_dir: the temp dir is local and is uploaded when the block
+  succeeds (`_upload_tree`)."""
+  check_apart("output", out_dir, reads)
   if fs.is_gcs(out_dir):
     with _bucket_output_dir(out_dir.rstrip("/"), overwrite) as tmp:
       yield tmp

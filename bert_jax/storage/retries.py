@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import socket
@@ -42,10 +43,13 @@ def env_number(name: str, default: float, kind: type = float, minimum: float = 0
     value = kind(text)
   except ValueError:
     value = None
-  if value is None or value != value or (value <= minimum if above else value < minimum):
+  # inf too: a lease that never expires can never be taken over, and the threads that
+  # sleep for these seconds (lease renewal, log upload) die of it.
+  if value is None or not math.isfinite(value) or (value <= minimum if above
+                                                   else value < minimum):
     bound = f"{'>' if above else '>='} {minimum:g}"
     raise ConfigError(f"environment variable {name}={text!r}: expected "
-                      f"{'an integer' if kind is int else 'a number'} {bound}")
+                      f"{'an integer' if kind is int else 'a finite number'} {bound}")
   return value
 
 
@@ -172,6 +176,12 @@ def check_path(what: str, path: Any) -> None:
   text = str(path)
   if _URL_LIKE.match(text) and not (text.startswith(GCS) and _bucket_of(text)):
     raise ConfigError(url_problem(text, what))
+  if text.startswith(GCS) and "//" in text[len(GCS):]:
+    # gs://bkt//x: one object with two names (GCS keeps the empty segment, path joins
+    # drop it), so a run's log and its checkpoints once went to different places.
+    tidy = GCS + "/".join(p for p in text[len(GCS):].split("/") if p)
+    raise ConfigError(f"{what} {text!r} has an empty path segment ('//'); expected "
+                      f"{tidy!r}, one name for each object")
 
 
 _TRANSIENT = re.compile(r"Cannot connect|Connection refused|Connection reset|Server disconnected|"

@@ -49,6 +49,7 @@ from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, MLM, NSP, bert_config_
                                    hf_state_to_params, params_to_hf_state)
 from bert_jax.model.config import BertConfig
 from bert_jax.settings import SOURCE_MODEL_FIELDS, DataSettings, Settings
+from bert_jax.settings.init import SOURCE_DATA_FIELDS
 from bert_jax.data import bpe
 from bert_jax.data.bpe import AnyTokenizer
 
@@ -183,12 +184,21 @@ def resolve(s: Settings) -> Source:
     raise ConfigError(f"{_flag(path)}: {e}") from None
   theirs = {f"model.{k}": getattr(source.config, k) for k in SOURCE_MODEL_FIELDS}
   theirs["data.lowercase"] = source.tokenizer.lowercase
+  kind = bpe.KIND if isinstance(source.tokenizer, bpe.BpeTokenizer) else "wordpiece"
+  theirs.update({"data.tokenizer": kind, "data.vocab_size": source.tokenizer.vocab_size})
   for field, ours in s.init.overrides:
     if theirs[field] != ours:
       raise ConfigError(
           f"--config.{field}={ours!r} contradicts {_flag(path)}, whose model has "
-          f"{field.split('.')[-1]}={theirs[field]!r}; expected {theirs[field]!r} or the default "
-          "(a continued run takes its shape, vocabulary and lowercasing from the source)")
+          f"{field.split('.')[-1]}={theirs[field]!r}; expected {theirs[field]!r}, or the field "
+          "unset (a continued run takes its shape, vocabulary and lowercasing from the source)")
+  # A config file's vocabulary settings (not a flag's: refused above) are said, not used.
+  unused = [f"data.{k}={getattr(s.data, k)!r}" for k in SOURCE_DATA_FIELDS
+            if getattr(s.data, k) != theirs[f"data.{k}"]
+            and f"data.{k}" not in dict(s.init.overrides)]
+  if unused:
+    console.log(f"init_from: the config's {' and '.join(unused)} not used: the vocabulary "
+                f"is the source's ({kind}, {source.tokenizer.vocab_size} tokens)")
   longest, positions = max(s.train.seq_lens), source.config.max_position_embeddings
   if longest > positions:
     raise ConfigError(f"--config.train.seq_lens={tuple(s.train.seq_lens)}: {longest} is above "
@@ -253,7 +263,7 @@ def initial_params(source: Source, config: BertConfig, ext, seed: int) -> tuple[
 def _modernbert_params(source: Source, config: BertConfig, seed: int) -> tuple[dict, dict]:
   """A ModernBERT source's params for `config` (the run's padding), its MLM head
   initialised where the source has none (a bare ModernBertModel)."""
-  params, missing = hf_modernbert.hf_state_to_params(
+  params, missing, _ = hf_modernbert.hf_state_to_params(
       source.hf_state(), config, hf_modernbert.abstract_params(config), source=source.path)
   params = hf_modernbert.fill_missing(params, missing, config, seed)
   groups = {ENCODER: "imported", MLM: "initialised" if missing else "imported"}

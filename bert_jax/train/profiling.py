@@ -74,6 +74,9 @@ class StepProfiler:
       text = fs.read_text(path).strip()
       if text.isdigit() and int(text) > 0:
         n = int(text)
+      elif text:  # said, not silently replaced: '0' or 'abc' asked for something else
+        console.warn(f"warning: profile: {path} holds {text[:40]!r}; expected a positive "
+                     f"step count (or nothing); tracing the default {n} steps")
     except (OSError, UnicodeDecodeError, ValueError) as e:  # a folder, bytes, unreadable
       console.warn(f"warning: profile: {path} could not be read as a step count ({type(e).__name__}); "
                    f"tracing the default {n} steps")

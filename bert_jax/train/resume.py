@@ -22,6 +22,7 @@ from bert_jax.data import bpe
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError
 from bert_jax.model.config import BertConfig
 from bert_jax.settings import Phase, Settings
+from bert_jax.settings.train import phases as settings_phases
 from bert_jax.train.steps import TrainSteps
 
 # May change between runs without changing the parameters.
@@ -96,6 +97,32 @@ def check_same_recipe(saved: dict, ours: dict, ckpt_dir: str) -> None:
           f"resume with --config.{field}={there!r} or use another --workdir")
 
 
+def check_same_phase(saved: Any, step: Any, s: Settings, workdir: str) -> None:
+  """A run stopped inside a phase resumes at that phase's length: its data position is
+  a position among examples of that length (a changed `seq_lens` entry once went on at
+  the new length from the old one's position). Later phases may change."""
+  try:
+    theirs = settings_phases(saved["phase_fractions"], saved["seq_lens"],
+                             saved["max_predictions"], saved["num_steps"], 1 << 30)
+  except (KeyError, TypeError, ValueError, ConfigError):  # an older meta: nothing to compare
+    return
+  inside = next((p for p in theirs if isinstance(step, int) and p.start < step < p.end), None)
+  if inside is None:
+    return
+  ours = next((p for p in s.train.phases if p.start <= step < p.end), None)
+  if ours is None or (ours.seq_len, ours.max_predictions) != (inside.seq_len,
+                                                              inside.max_predictions):
+    now = (f"step {step} at length {ours.seq_len} with {ours.max_predictions} predictions"
+           if ours else f"no step {step}")
+    raise ConfigError(
+        f"--config.train.seq_lens={tuple(saved['seq_lens'])} -> "
+        f"{tuple(p.seq_len for p in s.train.phases)}: --workdir {workdir} holds a run stopped "
+        f"at step {step}, inside its phase {inside.index} (steps {inside.start}..{inside.end} "
+        f"at length {inside.seq_len} with {inside.max_predictions} predictions), and this "
+        f"config trains {now}; expected that phase's length and predictions until it ends "
+        "(a later phase may change), or another --workdir; nothing was written")
+
+
 # What makes a run's corpus and vocabulary; the other data fields may change on resume.
 _DATA_IDENTITY = ("corpus", "format", "max_documents", "lowercase")
 _TRAINED_VOCAB = ("vocab_size", "vocab_sample_bytes")  # only when no vocab_file is given
@@ -106,6 +133,7 @@ def check_same_data(s: Settings, workdir: str) -> None:
   meta = checkpointing.newest_meta(checkpoint_dir(workdir))
   if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
     check_same_recipe(meta["config"], json.loads(s.config_json), checkpoint_dir(workdir))
+    check_same_phase(meta["config"].get("train"), meta.get("step"), s, workdir)
   saved = ((meta or {}).get("config") or {}).get("data")
   if not isinstance(saved, dict):
     return  # no checkpoint (or one of an older version): nothing to compare

@@ -43,8 +43,11 @@ class Watchdog:
   def __init__(self, timeout_s: float, workdir: str, exit_on_hang: bool = False):
     self.timeout_s, self.workdir, self.exit_on_hang = float(timeout_s), workdir, exit_on_hang
     self.step = 0
-    self.fired: Optional[str] = None  # the stack file, once written
+    self.fired: Optional[str] = None  # the newest stall's stack file, once written
+    self.stalls = 0  # stalls reported: each stall once, however many (a false alarm
+    # under load must not silence the real stall later in the run)
     self._last = time.monotonic()
+    self._reported: Optional[float] = None  # the `_last` of the stall reported last
     self._paused = 0
     self._lock = threading.Lock()
     self._stop = threading.Event()
@@ -94,9 +97,16 @@ class Watchdog:
   def _watch(self) -> None:
     while not self._stop.wait(min(1.0, self.timeout_s / 4)):
       with self._lock:
-        idle = 0.0 if self._paused else time.monotonic() - self._last
-      if idle >= self.timeout_s and self.fired is None:
+        last = self._last
+        idle = 0.0 if self._paused else time.monotonic() - last
+      if idle >= self.timeout_s and self._reported != last:
+        self._reported = last
+        self.stalls += 1
         self._fire(idle)
+      elif self._reported is not None and self._reported != last and not self.exit_on_hang:
+        self._reported = None  # the stall ended: said once, and watched again
+        os.write(2, (f"note: training went on at step {self.step} after the stall reported "
+                     "above; the watchdog watches again\n").encode())
 
   def _fire(self, idle: float) -> None:
     """Writes the stacks to a local file and says so first, then copies the file to a
