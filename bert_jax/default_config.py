@@ -4,7 +4,15 @@ The configs in `configs/` derive from `get_config()` here and change only what d
 Override any field from the command line: `--config.train.batch_size=32`.
 """
 
+import os
+
 import ml_collections
+
+
+def cache_dir(name: str) -> str:
+  """`<cache home>/bert_jax/<name>`, unexpanded: $XDG_CACHE_HOME where set (the tests set
+  it to a folder of their own, not the user's), else ~/.cache."""
+  return os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "bert_jax", name)
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -43,7 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
   # same curves are in TensorBoard and metrics.jsonl).
   c.plot = True
   # JAX's persistent compilation cache: a repeated or resumed run skips compiling.
-  c.compile_cache_dir = "~/.cache/bert_jax/xla"  # compiled-step cache folder ('' = off)
+  c.compile_cache_dir = cache_dir("xla")  # compiled-step cache folder ('' = off)
   # A hang: no step completes for this many seconds (compiles, evals and saves left out):
   # every thread's stack goes to <workdir>/hang-*.txt, with one line on stderr.
   c.watchdog_s = 0.0  # seconds, far above a step's time (e.g. 1800); 0 = off

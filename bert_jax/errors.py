@@ -7,7 +7,11 @@ raises is printed and dropped. The work checks the note at its safe points
 training loop reads `stop_requested` at every step, after an evaluation or a save).
 """
 
-from typing import Optional
+import threading
+from collections.abc import Callable
+from typing import Optional, TypeVar
+
+T = TypeVar("T")
 
 
 class BertJaxError(Exception):
@@ -61,9 +65,9 @@ class Terminated(KeyboardInterrupt):
   parts kept) does the same; the command prints one line and exits 143.
   """
 
-  def __init__(self, signum: int):
+  def __init__(self, signum: int, during: str = ""):
     super().__init__(signum)
-    self.signum = signum
+    self.signum, self.during = signum, during  # what it stopped (`stoppable`), if known
 
 
 _stop_signum: Optional[int] = None  # the first SIGTERM/SIGINT noted, until cleared
@@ -85,6 +89,30 @@ def check_stop() -> None:
   """At a safe point before training: `Terminated` if a stop was requested."""
   if _stop_signum is not None:
     raise Terminated(_stop_signum)
+
+
+def stoppable(fn: Callable[[], T], what: str) -> T:
+  """`fn()`, run in a thread while this one waits for it or for a stop request: long
+  native work (a vocabulary's training in `tokenizers`, which releases the GIL) then
+  stops within a fraction of a second of SIGTERM (a preemption notice gives 30 s), as
+  `Terminated` naming `what`; the abandoned thread ends with the process."""
+  out: dict = {}
+
+  def run() -> None:
+    try:
+      out["value"] = fn()
+    except BaseException as e:  # pylint: disable=broad-except  # re-raised in the caller
+      out["error"] = e
+
+  thread = threading.Thread(target=run, name=f"bert_jax-{what.replace(' ', '-')}", daemon=True)
+  thread.start()
+  while thread.is_alive():
+    thread.join(0.1)
+    if _stop_signum is not None:
+      raise Terminated(_stop_signum, what)
+  if "error" in out:
+    raise out["error"]
+  return out["value"]
 
 
 def clear_stop() -> None:

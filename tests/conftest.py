@@ -19,14 +19,22 @@ def _session_tmpdir(tmp_path_factory):
   directory, which pytest prunes, not /tmp, which CI machines keep between runs: the
   coordinator-port lock files of every multi-process test piled up there."""
   path = tmp_path_factory.mktemp("tmpdir")
-  old = os.environ.get("TMPDIR")
-  os.environ["TMPDIR"] = str(path)
+  # bert-jax's caches (compiled steps, bucket copies, prepared data) too: the session
+  # shares them, the user's ~/.cache and other sessions do not.
+  # Under xdist one folder for every worker of this run (pytest-<n>/, which pytest prunes).
+  root = tmp_path_factory.getbasetemp()
+  cache = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "xdg-cache"
+  cache.mkdir(exist_ok=True)
+  values = {"TMPDIR": str(path), "XDG_CACHE_HOME": str(cache)}
+  old = {k: os.environ.get(k) for k in values}
+  os.environ.update(values)
   tempfile.tempdir = None  # gettempdir() caches its first answer
   yield
-  if old is None:
-    os.environ.pop("TMPDIR", None)
-  else:
-    os.environ["TMPDIR"] = old
+  for k, v in old.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
   tempfile.tempdir = None
 
 

@@ -114,7 +114,9 @@ def launch_retrying(runs: dict[str, tuple[list[str], int]], logs: str, cache: Op
 
   Gloo sets up its communicator at the first collective and gives the other process
   30 s (not configurable) to get there: on a loaded 2-core machine one process may
-  still be compiling its first step.
+  still be compiling its first step. A `gs://` output is deleted through the storage
+  API, as a run sees it (deleting the GCS server's files behind its back left objects
+  it still listed).
   """
   try:
     return launch(runs, logs, cache, cwd)
@@ -122,5 +124,10 @@ def launch_retrying(runs: dict[str, tuple[list[str], int]], logs: str, cache: Op
     if GLOO_STARTUP not in str(e):
       raise
   for path in outputs:
-    shutil.rmtree(path, ignore_errors=True)
+    if path.startswith("gs://"):
+      from bert_jax.storage import fs  # pylint: disable=import-outside-toplevel
+      if fs.exists(path):
+        fs.rmtree(path)
+    else:
+      shutil.rmtree(path, ignore_errors=True)
   return launch(runs, logs, cache, cwd)

@@ -52,3 +52,14 @@ def test_empty_cache_dir_leaves_the_cache_off(tmp_path, monkeypatch):
   compile_cache.enable("")
   assert jax.config.jax_compilation_cache_dir == before
   assert compile_cache.enabled_dir() is None or compile_cache.enabled_dir() != ""
+
+
+def test_the_tests_caches_are_their_own_not_the_users():
+  """Tests shared ~/.cache/bert_jax/xla with the user and with every earlier run on the
+  machine: conftest gives the run a cache home of its own (XDG_CACHE_HOME)."""
+  from bert_jax import default_config
+  from bert_jax.storage import fs
+  home = os.path.expanduser("~/.cache")
+  for path in (default_config.get_config().compile_cache_dir, fs.mirror_root()):
+    assert not os.path.expanduser(path).startswith(home), path
+    assert os.path.expanduser(path).startswith(os.environ["XDG_CACHE_HOME"]), path

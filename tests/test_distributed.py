@@ -59,9 +59,10 @@ def _env(devices: int, cache: str) -> dict:
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
          # Only for --config.compile_cache_dir= (off): otherwise train.py's own folder
-         # (~/.cache/bert_jax/xla) wins, which every test's tiny runs share. Process 1
-         # of a two-process run compiles anyway: JAX writes the cache from process 0
-         # only, and on CPU the processes' cache keys differ.
+         # ($XDG_CACHE_HOME/bert_jax/xla: conftest's folder for the test run) wins,
+         # which every test's tiny runs share. Process 1 of a two-process run compiles
+         # anyway: JAX writes the cache from process 0 only, and on CPU the processes'
+         # cache keys differ.
          "JAX_COMPILATION_CACHE_DIR": cache,
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}

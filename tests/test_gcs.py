@@ -565,3 +565,24 @@ def test_convert_from_hf_reads_a_model_in_a_bucket(server, tmp_path):
   b, _ = checkpointing.restore_params(str(tmp_path / "imported_local"))
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
     np.testing.assert_array_equal(x, y)
+
+
+def test_the_two_process_tests_retry_deletes_a_bucket_workdir_through_the_server(server,
+                                                                                monkeypatch):
+  """multiprocess.launch_retrying's path after a gloo start-up timeout, on a bucket: the
+  first launch's objects are gone for the second, as the server lists them."""
+  import multiprocess_runs as multiprocess
+  from bert_jax.storage import fs
+  seen = []
+
+  def launch(runs, logs, cache, cwd):
+    seen.append(sorted(fs.find("gs://bkt/retried")) if fs.exists("gs://bkt/retried") else [])
+    if len(seen) == 1:
+      fs.write_text("gs://bkt/retried/checkpoints/4/meta", "{}")
+      raise multiprocess.LaunchFailed(f"process1: {multiprocess.GLOO_STARTUP}")
+    return {}
+
+  monkeypatch.setattr(multiprocess, "launch", launch)
+  assert multiprocess.launch_retrying({}, "logs", None, ROOT, ["gs://bkt/retried"]) == {}
+  assert seen == [[], []]
+  assert not server.objects(prefix="retried")

@@ -76,6 +76,39 @@ def test_a_record_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
     ledger.flush()
 
 
+def test_a_log_points_record_on_a_bucket_is_written_in_the_background(tmp_path, monkeypatch):
+  """Written synchronously at every log point, a stalled bucket held the run's steps."""
+  import threading  # pylint: disable=import-outside-toplevel
+  from bert_jax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+  release, written, real = threading.Event(), [], goodput.fs.write_json
+
+  def stalled(path, record, **kw):  # the bucket's server stops answering for a while
+    release.wait(10)
+    written.append(record["last_step"])
+    real(path, record, **kw)
+
+  monkeypatch.setattr(goodput.fs, "write_json", stalled)
+  ledger = goodput.Ledger(str(tmp_path), True, time.time())
+  ledger._bucket = True  # pylint: disable=protected-access  # what a gs:// workdir sets
+  ledger.loop_starts()
+  for step in (4, 8, 12):
+    ledger.steps_done(last_step=step, steps=4, seconds=1.0)
+    start = time.monotonic()
+    ledger.flush(background=True)
+    assert time.monotonic() - start < 0.5  # the step goes on
+  release.set()
+  ledger.flush()  # the session's end: waits for the background write, then the last
+  assert written == sorted(written) and written[-1] == 12 and len(written) <= 4
+  (path,) = glob.glob(f"{tmp_path}/goodput/*.json")
+  assert json.load(open(path))["last_step"] == 12
+  # A background write that fails is raised at the next log point, as one line.
+  monkeypatch.setattr(goodput.fs, "write_json",
+                      lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left")))
+  ledger.flush(background=True)
+  with pytest.raises(ConfigError, match="could not write .*No space left"):
+    ledger.wait()
+
+
 def test_the_process_start_is_before_now_and_after_the_interpreter_began():
   started = goodput.process_start_time()
   assert time.time() - 24 * 3600 < started <= time.time()
@@ -138,3 +171,24 @@ def test_a_killed_and_resumed_run_accounts_for_its_wall_time(tmp_path):
   # Every step once, less the two that compiled (each session's first), counted there.
   assert first["steps"] + second["steps"] - second["recomputed_steps"] == STEPS - 2
   assert "goodput: " in out and "2 session(s)" in out
+
+
+def test_a_stall_in_a_log_points_writes_is_not_productive_time(tmp_path, monkeypatch):
+  """A 75 s storage stall once went to 'productive' (133.7 of 166.1 s): the log point's
+  writes fall in the next interval's clock, which counted them as steps."""
+  from bert_jax.train import reporting  # pylint: disable=import-outside-toplevel
+  from bert_jax.trainer import train_and_evaluate  # pylint: disable=import-outside-toplevel
+  real = reporting.Reporter.write
+
+  def slow(self, split, step, metrics):
+    if split == "train" and step == 4:
+      time.sleep(2.0)  # the bucket's server stalls here
+    real(self, split, step, metrics)
+
+  monkeypatch.setattr(reporting.Reporter, "write", slow)
+  workdir = str(tmp_path / "run")
+  train_and_evaluate(soak_kill.tiny_config(str(tmp_path / "prepared"), 8, **{
+      "log_every": 2, "checkpoint_every": 100}), workdir)
+  (path,) = glob.glob(f"{workdir}/goodput/*.json")
+  seconds = json.load(open(path))["seconds"]
+  assert seconds["other"] >= 2.0, seconds

@@ -73,7 +73,7 @@ def test_two_processes_of_four_devices_equal_one_process_of_eight(base, referenc
                            *_args(base, workdir, **{"data.cache_dir": str(base / f"p{i}")}),
                            f"--coordinator_address={address}", "--num_processes=2",
                            f"--process_id={i}"], 4) for i in range(2)}
-  multiprocess.launch_retrying(runs, str(base / "logs"), str(base / "xla4"), ROOT, [local])
+  multiprocess.launch_retrying(runs, str(base / "logs"), str(base / "xla4"), ROOT, [workdir])
   got, want = soak_kill.train_rows(local), soak_kill.train_rows(reference)
   assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
   assert soak_kill.complete_steps(local, bucket=server is not None) == [4, 8, 12, 16]

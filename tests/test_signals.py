@@ -66,6 +66,33 @@ def test_a_second_sigterm_keeps_the_first_and_says_one_line(noted_sigterm, capfd
   assert capfd.readouterr().err.count("SIGTERM received") == 1
 
 
+def test_a_sigterm_while_the_vocabulary_trains_stops_it_at_once_saying_so(
+    noted_sigterm, monkeypatch, tmp_path, capfd):
+  """Training a vocabulary is native work that once held SIGTERM 17-52 s (past a 30 s
+  preemption notice), then said 'finished parts of the data are kept' of nothing."""
+  from bert_jax.data import bpe, dataset
+  from bert_jax.settings import DataSettings
+  monkeypatch.setattr(bpe, "train", lambda *a: time.sleep(30))  # a long native call
+  threading_timer = __import__("threading").Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+  threading_timer.start()
+  start = time.monotonic()
+  with pytest.raises(errors.Terminated) as e:
+    dataset.make_tokenizer(DataSettings(corpus=str(tmp_path / "unread.txt")), seed=0)
+  assert time.monotonic() - start < 2.0 and e.value.during == "training the vocabulary"
+  monkeypatch.setattr(train_command, "train_and_evaluate", lambda *a, **k: (_ for _ in ()).throw(
+      e.value))
+  args = argparse.Namespace(verbosity=-1, coordinator_address=None, num_processes=None,
+                            process_id=None, jax_distributed=False, workdir="unused",
+                            explicit=frozenset())
+  with pytest.raises(SystemExit) as exited:
+    train_command._train(args, None)  # pylint: disable=protected-access
+  assert exited.value.code == 143
+  line = capfd.readouterr().err.strip().splitlines()[-1]
+  assert line == ("interrupted: SIGTERM before training started (while training the "
+                  "vocabulary; nothing of it is kept: rerun the same command to start it "
+                  "again)"), line
+
+
 @pytest.fixture
 def finished_train(monkeypatch):
   """`commands.train._train` around a run that returns at once (its own steps tested
@@ -74,7 +101,8 @@ def finished_train(monkeypatch):
   monkeypatch.setattr(train_command, "_END_LINE_DUE", [True])
   previous = signal.getsignal(signal.SIGTERM)
   args = argparse.Namespace(verbosity=-1, coordinator_address=None, num_processes=None,
-                            process_id=None, jax_distributed=False, workdir="unused")
+                            process_id=None, jax_distributed=False, workdir="unused",
+                            explicit=frozenset())
   try:
     yield lambda run: (monkeypatch.setattr(train_command, "train_and_evaluate", run),
                        train_command._train(args, None))  # pylint: disable=protected-access

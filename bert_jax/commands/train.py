@@ -120,9 +120,12 @@ def _train(args: argparse.Namespace, config) -> None:
     sys.exit(2)
   except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM before training started
     signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
-    _last_line(f"interrupted: {signal.Signals(signum).name} before training started (while "
-               "preparing data or compiling); nothing to checkpoint yet: rerun the same "
-               "command to go on (finished parts of the data are kept)")
+    during = getattr(e, "during", "")
+    _last_line(f"interrupted: {signal.Signals(signum).name} before training started ("
+               + (f"while {during}; nothing of it is kept: rerun the same command to start "
+                  "it again)" if during else
+                  "while preparing data or compiling); nothing to checkpoint yet: rerun the "
+                  "same command to go on (finished parts of the data are kept)"))
     sys.exit(128 + signum)
 
 

@@ -30,6 +30,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from bert_jax.default_config import cache_dir
 from bert_jax.storage.retries import (GCS, StorageError, bucket_url, check_bucket,  # noqa: F401
                                      check_path, configure_clients, env_number, given_up,
                                      giving_up_on, is_gcs, is_transient, retrying,
@@ -284,16 +285,21 @@ def local_copy_dir(directory: str) -> str | None:
   a local folder, read where it is."""
   if not is_gcs(directory):
     return None
-  root = os.path.expanduser(os.environ.get("BERT_JAX_LOCAL_CACHE", "~/.cache/bert_jax/prepared"))
+  root = os.path.expanduser(os.environ.get("BERT_JAX_LOCAL_CACHE", cache_dir("prepared")))
   return os.path.join(root, directory[len(GCS):].strip("/"))
+
+
+def mirror_root() -> str:
+  """Where bucket inputs are copied to (`local_mirror`): BERT_JAX_GCS_MIRROR, default
+  ~/.cache/bert_jax/gcs."""
+  return os.path.expanduser(os.environ.get("BERT_JAX_GCS_MIRROR", cache_dir("gcs")))
 
 
 def local_mirror(path: str, root: str | None = None,
                  before_copy: Callable[[], None] | None = None) -> str:
   """A local copy of a gs:// file, glob or folder (every object under it), for readers
   that want local files (the corpus, a vocabulary, a HuggingFace model); a local path
-  is returned as it is. Copies live in `root` (default BERT_JAX_LOCAL_CACHE/../gcs,
-  ~/.cache/bert_jax/gcs) at the object's path, with its size and modification time, and
+  is returned as it is. Copies live in `root` (default `mirror_root()`) at the object's path, with its size and modification time, and
   are downloaded again only when those differ (a host that lost its disk: all of it).
   `before_copy` is called first for a bucket path (a log line: a corpus takes a while).
   Returns the local path, or the local glob for a glob."""
@@ -302,7 +308,7 @@ def local_mirror(path: str, root: str | None = None,
   path = path.rstrip("/") if path.count("/") > 2 else path  # a folder given as x/
   if before_copy is not None:
     before_copy()
-  root = root or os.path.expanduser(os.environ.get("BERT_JAX_GCS_MIRROR", "~/.cache/bert_jax/gcs"))
+  root = root or mirror_root()
   local_of = lambda name: os.path.join(root, name[len(GCS):] if name.startswith(GCS) else name)
   fsys = gcsfs()
   pattern = any(c in path for c in "*?[")

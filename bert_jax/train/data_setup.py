@@ -56,7 +56,7 @@ def _local_inputs(data: DataSettings) -> DataSettings:
   code reads local files; the copies keep the objects' sizes and times, so the prepared
   data's key is the same on every host."""
   note = lambda: console.log(f"copying {data.corpus} to this host (once; kept in "
-                             "~/.cache/bert_jax/gcs)")
+                             f"{fs.mirror_root()})")
   corpus = fs.local_mirror(data.corpus, before_copy=note)
   vocab_file = fs.local_mirror(data.vocab_file) if data.vocab_file else data.vocab_file
   return dataclasses.replace(data, corpus=corpus, vocab_file=vocab_file)

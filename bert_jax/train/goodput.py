@@ -14,7 +14,8 @@ A session is one process's life on the workdir, from the moment the process star
   other         the rest: logging, the final report, a rolled-back spike's steps
 
 Process 0 writes `<workdir>/goodput/session-<start ms>-<host>-<pid>.json` at every log
-point and when the session ends (atomically; on a bucket too), so a run killed with -9
+point and when the session ends (atomically; on a bucket too, where a log point's write
+goes to a thread of its own, so a stalled bucket holds no step), so a run killed with -9
 keeps its account up to its last log point. A session that never reaches its first
 step (refused, already complete, stopped while preparing data) writes nothing. The end of a run prints the sum over the
 sessions and logs it as a `goodput` row of metrics.jsonl. Time between sessions (a
@@ -28,6 +29,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -69,6 +71,11 @@ class Ledger:
     self.steps = 0  # productive steps of this session
     self.recomputed = 0
     self._loop_started = self._made = False
+    self._bucket = Workdir(workdir).is_bucket
+    self._lock = threading.Lock()
+    self._writer: threading.Thread | None = None
+    self._pending: dict | None = None
+    self._failed: ConfigError | None = None
 
   def add(self, category: str, seconds: float) -> None:
     self.seconds[category] += max(0.0, seconds)
@@ -126,21 +133,61 @@ class Ledger:
             "recomputed_steps": self.recomputed, "host": socket.gethostname(),
             "pid": os.getpid()}
 
-  def flush(self) -> dict:
+  def flush(self, background: bool = False) -> dict:
     """Writes this session's record (process 0; once it has trained: a run refused, or
-    finding its work done, writes nothing) and returns it."""
+    finding its work done, writes nothing) and returns it. `background` (a log point's)
+    on a bucket: the newest record is written by a thread of its own, so a stalled
+    bucket never holds a step; an earlier such write's failure is raised here."""
     r = self.record()
-    if self.writer and self._loop_started:
-      try:
-        if not self._made:
-          fs.makedirs(self.directory)
-          self._made = True
-        fs.write_json(self.path, r, indent=1)  # atomic: the last record stays whole
-      except OSError as e:  # a full or read-only disk: one line, as for the metrics
-        raise ConfigError(f"could not write {self.path}: {console.write_reason(e)}; expected "
-                          "a workdir with free space that can be written (what was written "
-                          "before is intact: rerun the same command once it can be)") from None
+    if not (self.writer and self._loop_started):
+      return r
+    if background and self._bucket:
+      with self._lock:
+        failed, self._failed = self._failed, None
+        self._pending = r  # the newest wins: an older one still waiting is dropped
+        if self._writer is None or not self._writer.is_alive():
+          self._writer = threading.Thread(target=self._write_pending, daemon=True,
+                                          name="bert_jax-goodput")
+          self._writer.start()
+      if failed is not None:
+        raise failed
+      return r
+    self.wait()
+    self._write(r)
     return r
+
+  def wait(self) -> None:
+    """Waits for a background write (`flush(background=True)`); raises its failure."""
+    writer = self._writer
+    if writer is not None:
+      writer.join()
+    with self._lock:
+      failed, self._failed = self._failed, None
+    if failed is not None:
+      raise failed
+
+  def _write_pending(self) -> None:
+    while True:
+      with self._lock:
+        r, self._pending = self._pending, None
+        if r is None:
+          return
+      try:
+        self._write(r)
+      except ConfigError as e:
+        with self._lock:
+          self._failed = e
+
+  def _write(self, r: dict) -> None:
+    try:
+      if not self._made:
+        fs.makedirs(self.directory)
+        self._made = True
+      fs.write_json(self.path, r, indent=1)  # atomic: the last record stays whole
+    except OSError as e:  # a full or read-only disk: one line, as for the metrics
+      raise ConfigError(f"could not write {self.path}: {console.write_reason(e)}; expected "
+                        "a workdir with free space that can be written (what was written "
+                        "before is intact: rerun the same command once it can be)") from None
 
   def total(self) -> dict:
     """Every session's seconds summed; lost_restart moved out of productive."""

@@ -120,7 +120,7 @@ class GoodputHook:
 
   def on_log(self, point: LogPoint) -> dict:
     self.ledger.steps_done(point.step, point.steps, point.seconds - point.waits)
-    self.ledger.flush()
+    self.ledger.flush(background=True)
     return {}
 
 
