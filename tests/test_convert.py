@@ -287,7 +287,7 @@ def _bad_cases(tmp_path):
       "no-dir": (str(tmp_path / "nope"), "no such directory"),
       "no-config": (write_hf_dir(tmp_path / "a", good, config=False), "config.json: no such file"),
       "no-weights": (write_hf_dir(tmp_path / "b", None), "no weights"),
-      "no-vocab": (write_hf_dir(tmp_path / "c", good, vocab=None), "vocab.txt: no such file"),
+      "no-vocab": (write_hf_dir(tmp_path / "c", good, vocab=None), "no vocab.txt and no tokenizer.json"),
       "config-not-json": (_write(write_hf_dir(tmp_path / "d", good), "config.json", "{oops"),
                           "config.json: not valid JSON"),
       "config-missing-field": (write_hf_dir(tmp_path / "e", good, config={

@@ -21,6 +21,7 @@ from bert_jax.model.config import BertConfig
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 
 V = 97
 # (name, ModernBertConfig overrides): an odd layer count, windows shorter and longer than
@@ -94,9 +95,16 @@ def test_hidden_states_and_logits_equal_transformers(shape):
                 output_hidden_states=True)
   out = forward(config, params, ids, mask)
   real = mask.astype(bool)  # padded positions' outputs are not defined the same way
-  for i, (want, got) in enumerate(zip(ref.hidden_states, out.encoder.hidden_states)):
-    np.testing.assert_allclose(np.asarray(got)[real], want.numpy()[real], atol=1e-4,
+  # One numbering, transformers 5's: the last entry is after the final norm (the sequence
+  # output); transformers 4 gave it before the norm, and the others are the same in both.
+  want_all = list(ref.hidden_states)
+  if TRANSFORMERS_MAJOR < 5:
+    want_all[-1] = model.model.final_norm(want_all[-1])
+  assert len(want_all) == len(out.encoder.hidden_states) == model.config.num_hidden_layers + 1
+  for i, (want, got) in enumerate(zip(want_all, out.encoder.hidden_states)):
+    np.testing.assert_allclose(np.asarray(got)[real], want.detach().numpy()[real], atol=1e-4,
                                err_msg=f"hidden state {i}")
+  np.testing.assert_array_equal(out.encoder.hidden_states[-1], out.encoder.sequence_BxLxD)
   np.testing.assert_allclose(np.asarray(out.encoder.sequence_BxLxD)[real],
                              model.model(input_ids=torch.tensor(ids),
                                          attention_mask=torch.tensor(mask))
@@ -132,8 +140,13 @@ def test_mlm_loss_and_gradients_equal_transformers():
   ours = hf_modernbert.params_to_hf_state(jax.device_get(grads), config)
   for name, p in model.named_parameters():
     want, got = p.grad.numpy(), ours[name]
+    # Relative to the tensor's largest gradient. transformers 5's sliding-window layers
+    # differ from 4.57's (and ours) by ~1e-6 in their outputs (float32 rounding of its
+    # new mask and RoPE code: global layers agree to 5e-7), which moves those layers'
+    # small attention gradients by up to 9.3e-4 of their largest (measured).
     scale = max(np.abs(want).max(), 1e-6)
-    assert np.abs(got - want).max() / scale < 1e-4, name
+    rtol = 1e-4 if TRANSFORMERS_MAJOR < 5 else 2e-3
+    assert np.abs(got - want).max() < rtol * scale, name
 
 
 def test_packed_rows_give_each_document_what_it_gets_alone():
@@ -219,6 +232,7 @@ def test_an_untied_decoder_is_refused_in_one_line_not_dropped(tmp_path, capsys):
   with torch.no_grad():
     model.decoder.weight.normal_(0.0, 0.5)
   hf_dir = _saved(tmp_path / "untied", model)
+  capsys.readouterr()  # transformers 5's save_pretrained draws a progress bar
   assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 2
   assert "'decoder.weight' differs from the token embeddings" in _one_error_line(capsys)
   assert not (tmp_path / "out").exists()
@@ -243,6 +257,7 @@ def test_a_bare_model_says_its_head_was_initialised(tmp_path, capsys):
 def test_a_config_that_disagrees_with_the_weights_is_one_line(tmp_path, capsys):
   from bert_jax.commands import convert as convert_cli
   hf_dir = _saved(tmp_path / "hf", hf_model(**SHAPES["no_biases_window_longer_than_the_row"]))
+  capsys.readouterr()  # transformers 5's save_pretrained draws a progress bar
   with open(os.path.join(hf_dir, "config.json")) as f:
     config = json.load(f)
   config["hidden_size"] = 64

@@ -322,6 +322,17 @@ class Tokenizer(Vocabulary):
     skip = set(self.special_ids()) if skip_special_tokens else set()
     return self._hf.decode([int(i) for i in ids if int(i) not in skip])
 
+  def hf_json(self) -> str:
+    """This vocabulary as the tokenizer.json transformers' fast BERT tokenizer saves:
+    BERT's normalizer and pre-tokenizer, `[CLS] A [SEP] B [SEP]` added by its post-
+    processor, the five special tokens as special added tokens (transformers 5 saves
+    only this file; 4.x reads it beside vocab.txt)."""
+    from tokenizers.implementations import BertWordPieceTokenizer  # pylint: disable=import-outside-toplevel
+    hf = BertWordPieceTokenizer(dict(self._ids), lowercase=self._lowercase,
+                                strip_accents=self._lowercase, clean_text=True,
+                                handle_chinese_chars=True, wordpieces_prefix=CONTINUATION_PREFIX)
+    return hf.to_str()
+
   @property
   def backend(self) -> tokenizers.Tokenizer:
     """The HF `tokenizers.Tokenizer` behind this one (its full pipeline; read only)."""

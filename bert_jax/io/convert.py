@@ -37,7 +37,7 @@ from bert_jax.io.hf_weights import (ConvertError, ImportReport, bert_config_from
                                  hf_config_from_bert, hf_state_to_params, params_to_hf_state,
                                  tf_to_hf)
 from bert_jax.io.sources import (check_dir, load_hf_weights, load_tf_checkpoint, read_json,
-                                 read_tokenizer_json, read_vocab, resolve_lowercase,
+                                 read_hf_tokenizer, read_vocab, resolve_lowercase,
                                  tf_checkpoint_prefix)
 from bert_jax.model.config import BertConfig
 from bert_jax.data import bpe
@@ -114,8 +114,9 @@ _SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
 
 
 def _write_tokenizer(directory: str, tokenizer: AnyTokenizer, config: BertConfig) -> None:
-  """The files transformers' AutoTokenizer loads: a WordPiece vocabulary as vocab.txt for
-  BertTokenizer, a BPE as its tokenizer.json for PreTrainedTokenizerFast."""
+  """The files transformers' AutoTokenizer loads, 4.x and 5.x alike: always a
+  tokenizer.json (all that 5.x reads, for a ModernBERT too), and for a WordPiece its
+  vocab.txt beside it (BertTokenizer's; what google-research/bert tools read)."""
   common = {"model_max_length": config.max_position_embeddings, **_SPECIALS}
   if isinstance(tokenizer, bpe.BpeTokenizer):
     fs.write_text(os.path.join(directory, bpe.TOKENIZER_JSON), tokenizer.json)
@@ -124,6 +125,7 @@ def _write_tokenizer(directory: str, tokenizer: AnyTokenizer, config: BertConfig
   else:
     with fs.open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
       f.write("".join(tok + "\n" for tok in tokenizer.vocab))
+    fs.write_text(os.path.join(directory, bpe.TOKENIZER_JSON), tokenizer.hf_json())
     tok_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lowercase,
                   "strip_accents": None, "tokenize_chinese_chars": True, **common}
   _write_json(directory, "tokenizer_config.json", tok_config)
@@ -139,8 +141,7 @@ def import_hf(hf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = F
   if hf_modernbert.is_modernbert(hf_config):
     return _import_modernbert(hf_dir, out_dir, hf_config, overwrite, seed, lowercase, heads)
   config = bert_config_from_hf(hf_config, config_path)
-  lower, lower_from = resolve_lowercase(hf_dir, hf_config, lowercase)
-  tokenizer = read_vocab(hf_dir, config, lower, config_path)
+  tokenizer, lower_from = read_hf_tokenizer(hf_dir, hf_config, config, config_path, lowercase)
   state, weights_file = load_hf_weights(hf_dir)
   params, report = hf_state_to_params(state, config, source=weights_file, heads=heads, seed=seed)
   meta = _meta(config, tokenizer, lower_from, f"huggingface:{hf_dir}", report)
@@ -152,11 +153,7 @@ def _import_modernbert(hf_dir: str, out_dir: str, hf_config: dict, overwrite: bo
                        lowercase: Optional[bool], heads: bool) -> dict:
   config_path = os.path.join(hf_dir, "config.json")
   config, params, report = read_modernbert_hf(hf_dir, seed, heads)
-  if not os.path.isfile(os.path.join(hf_dir, "vocab.txt")):  # a BPE: its normalizer decides
-    tokenizer, lower_from = read_tokenizer_json(hf_dir, config), "its tokenizer.json"
-  else:
-    lower, lower_from = resolve_lowercase(hf_dir, hf_config, lowercase)
-    tokenizer = read_vocab(hf_dir, config, lower, config_path)
+  tokenizer, lower_from = read_hf_tokenizer(hf_dir, hf_config, config, config_path, lowercase)
   meta = _meta(config, tokenizer, lower_from, f"huggingface:{hf_dir}", report)
   meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta, hf_dir)
   return meta

@@ -41,7 +41,7 @@ def config_from_hf(hf: Mapping, source: str) -> BertConfig:
     if not isinstance(hf.get(field), int):
       raise CheckpointError(f"{source}: config.json has no integer {field!r}; expected a "
                             "ModernBertConfig")
-  local_theta = hf.get("local_rope_theta")
+  global_theta, local_theta = _rope_thetas(hf, source)
   return BertConfig(
       vocab_size=hf["vocab_size"], family="modernbert", hidden_size=hf["hidden_size"],
       num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
@@ -52,15 +52,50 @@ def config_from_hf(hf: Mapping, source: str) -> BertConfig:
       layer_norm_eps=float(hf.get("norm_eps", 1e-5)),
       initializer_range=float(hf.get("initializer_range", 0.02)),
       gelu_approximate=_ACTIVATIONS[hf.get("hidden_activation", "gelu")],
-      global_rope_theta=float(hf.get("global_rope_theta", 160000.0)),
-      local_rope_theta=float(local_theta if local_theta is not None
-                             else hf.get("global_rope_theta", 160000.0)),
+      global_rope_theta=global_theta, local_rope_theta=local_theta,
       local_attention=int(hf.get("local_attention", 128)),
-      global_attn_every_n_layers=int(hf.get("global_attn_every_n_layers", 3)),
+      global_attn_every_n_layers=_global_every(hf, source),
       attention_bias=bool(hf.get("attention_bias", False)),
       mlp_bias=bool(hf.get("mlp_bias", False)), norm_bias=bool(hf.get("norm_bias", False)),
       decoder_bias=bool(hf.get("decoder_bias", True)),
       classifier_bias=bool(hf.get("classifier_bias", False)))
+
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _rope_thetas(hf: Mapping, source: str) -> tuple[float, float]:
+  """(global, local) RoPE bases: transformers 5's `rope_parameters` per layer type, or
+  4.x's `global_rope_theta` / `local_rope_theta` (local defaults to global there)."""
+  rope = hf.get("rope_parameters") or {}
+  theirs = {}
+  for kind in _LAYER_TYPES:
+    params = rope.get(kind) or {}
+    if params.get("rope_type", "default") != "default":
+      raise CheckpointError(f"{source}: rope_parameters.{kind}.rope_type is "
+                            f"{params['rope_type']!r}; expected 'default' (bert-jax's RoPE)")
+    theirs[kind] = params.get("rope_theta")
+  glob = theirs["full_attention"] or hf.get("global_rope_theta") or 160000.0
+  local = (theirs["sliding_attention"] or hf.get("local_rope_theta")
+           or hf.get("global_rope_theta") or glob)
+  return float(glob), float(local)
+
+
+def _global_every(hf: Mapping, source: str) -> int:
+  """`global_attn_every_n_layers`: 4.x's field, or the period of transformers 5's
+  `layer_types` (layer i global exactly when i % n == 0); another pattern is refused."""
+  types = hf.get("layer_types")
+  if not types:
+    return int(hf.get("global_attn_every_n_layers", 3))
+  full = [i for i, t in enumerate(types) if t == "full_attention"]
+  n = full[1] if len(full) > 1 else len(types)
+  want = ["sliding_attention" if i % n else "full_attention" for i in range(len(types))]
+  if list(types) != want or (len(full) == 1 and hf.get("global_attn_every_n_layers",
+                                                       n) < n):
+    raise CheckpointError(f"{source}: layer_types {list(types)} are not 'every n-th layer "
+                          "global, from the first'; expected that pattern (bert-jax's "
+                          "global_attn_every_n_layers)")
+  return int(hf.get("global_attn_every_n_layers", n)) if len(full) == 1 else n
 
 
 def hf_config(config: BertConfig, special: Mapping[str, int],
@@ -82,9 +117,16 @@ def hf_config(config: BertConfig, special: Mapping[str, int],
       "hidden_activation": act, "classifier_activation": act,
       "initializer_range": config.initializer_range, "initializer_cutoff_factor": 2.0,
       "norm_eps": config.layer_norm_eps, "norm_bias": config.norm_bias,
+      # Both spellings: 4.x reads these two fields, 5.x its rope_parameters and
+      # layer_types (and takes them over the fields when both are there).
       "global_rope_theta": config.global_rope_theta,
       "local_rope_theta": config.local_rope_theta, "local_attention": config.local_attention,
       "global_attn_every_n_layers": config.global_attn_every_n_layers,
+      "rope_parameters": {
+          "full_attention": {"rope_type": "default", "rope_theta": config.global_rope_theta},
+          "sliding_attention": {"rope_type": "default", "rope_theta": config.local_rope_theta}},
+      "layer_types": ["sliding_attention" if i % config.global_attn_every_n_layers
+                      else "full_attention" for i in range(config.num_layers)],
       "attention_bias": config.attention_bias, "attention_dropout":
       config.attention_dropout_rate, "embedding_dropout": config.dropout_rate,
       "mlp_bias": config.mlp_bias, "mlp_dropout": config.dropout_rate,

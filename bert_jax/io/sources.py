@@ -112,6 +112,79 @@ def resolve_lowercase(directory: str, hf_config: Mapping, override: Optional[boo
   return True, "default (no tokenizer_config.json or cased/uncased in the name)"
 
 
+def read_hf_tokenizer(directory: str, hf_config: Mapping, config: BertConfig,
+                      config_file: str, override: Optional[bool] = None
+                      ) -> tuple[bpe.AnyTokenizer, str]:
+  """(tokenizer, where its lowercasing came from) of a HuggingFace directory, as
+  transformers 4.x or 5.x writes it: a vocab.txt, a tokenizer.json (WordPiece or BPE,
+  read with `tokenizers`; transformers 5 writes only this), or both, which must agree."""
+  txt, tok_json = (os.path.join(directory, n) for n in ("vocab.txt", bpe.TOKENIZER_JSON))
+  has_txt, has_json = os.path.isfile(txt), os.path.isfile(tok_json)
+  if not has_txt and not has_json:
+    raise ConfigError(f"{directory}: no vocab.txt and no tokenizer.json; expected the model's "
+                      "WordPiece vocab.txt or its HuggingFace tokenizer.json (transformers 5 "
+                      "saves only the latter)")
+  if not has_json:
+    lower, lower_from = resolve_lowercase(directory, hf_config, override)
+    return read_vocab(directory, config, lower, config_file), lower_from
+  doc = read_json(tok_json, "HuggingFace tokenizer")
+  kind = (doc.get("model") or {}).get("type") if isinstance(doc.get("model"), dict) else None
+  if kind == "BPE":
+    if has_txt:
+      raise ConfigError(f"{tok_json} is a BPE tokenizer but {txt} is a WordPiece vocabulary; "
+                        "expected one tokenizer (remove the file that is not the model's)")
+    return read_tokenizer_json(directory, config), "its tokenizer.json"
+  if kind != "WordPiece":
+    raise ConfigError(f"{tok_json}: a {kind!r} tokenizer model; expected WordPiece or BPE")
+  vocab, json_lower = _wordpiece_json(doc, tok_json)
+  lower, lower_from = resolve_lowercase(directory, hf_config, override)
+  if override is None and not lower_from.startswith("do_lower_case"):
+    lower, lower_from = json_lower, "the normalizer of tokenizer.json"
+  if has_txt:
+    tokenizer = read_vocab(directory, config, lower, config_file)
+    if tokenizer.vocab != vocab:
+      at = next((i for i, (a, b) in enumerate(zip(tokenizer.vocab, vocab)) if a != b),
+                min(len(vocab), tokenizer.vocab_size))
+      there, here = (repr(v[at]) if at < len(v) else "none" for v in (tokenizer.vocab, vocab))
+      raise ConfigError(f"{txt} ({tokenizer.vocab_size} tokens) and {tok_json} ({len(vocab)}) "
+                        f"disagree at id {at}: {there} in vocab.txt, {here} in tokenizer.json; "
+                        "expected the same vocabulary in both (remove the stale one)")
+    return tokenizer, lower_from
+  tokenizer = Tokenizer(vocab, lower, source=tok_json)
+  if tokenizer.vocab_size != config.vocab_size:
+    raise ConfigError(f"{tok_json} has {tokenizer.vocab_size} tokens but {config_file} says "
+                      f"vocab_size={config.vocab_size}; expected one token per id")
+  return tokenizer, lower_from
+
+
+def _wordpiece_json(doc: Mapping, path: str) -> tuple[list[str], bool]:
+  """(tokens in id order, lowercase) of a WordPiece tokenizer.json; one line for what
+  bert-jax's WordPiece cannot reproduce."""
+  model = doc["model"]
+  if model.get("continuing_subword_prefix", "##") != "##":
+    raise ConfigError(f"{path}: continuing_subword_prefix {model['continuing_subword_prefix']!r}; "
+                      "expected '##' (BERT's word pieces)")
+  ids = dict(model.get("vocab") or {})
+  for added in doc.get("added_tokens") or []:
+    ids.setdefault(added.get("content"), added.get("id"))
+  vocab: list = [None] * len(ids)
+  for tok, i in ids.items():
+    if not isinstance(i, int) or not 0 <= i < len(vocab) or vocab[i] is not None:
+      raise ConfigError(f"{path}: token {tok!r} has id {i!r}; expected ids 0..{len(ids) - 1}, "
+                        "one token per id")
+    vocab[i] = tok
+  norm = doc.get("normalizer") or {}
+  if norm.get("type") != "BertNormalizer":
+    raise ConfigError(f"{path}: normalizer {norm.get('type')!r}; expected BertNormalizer (a "
+                      "BERT WordPiece tokenizer)")
+  lower = bool(norm.get("lowercase", True))
+  if norm.get("strip_accents") not in (None, lower):
+    raise ConfigError(f"{path}: strip_accents={norm['strip_accents']} with lowercase={lower}; "
+                      "expected accents stripped exactly when lowercasing (BERT's rule, which "
+                      "bert-jax's WordPiece follows)")
+  return vocab, lower
+
+
 def read_vocab(directory: str, config: BertConfig, lowercase: bool,
            config_file: str) -> Tokenizer:
   path = os.path.join(directory, "vocab.txt")

@@ -231,9 +231,12 @@ class ModernBertModel(nn.Module):
     for layer in self.layers:
       x_BxLxD = layer(x_BxLxD, global_mask, local_mask, positions_BxL, deterministic)
       hidden.append(x_BxLxD)
-    # As transformers': hidden_states are the embeddings and each layer's output before
-    # the final norm; the sequence output (its last_hidden_state) is after it.
+    # hidden_states (features' --layers): the embeddings, each layer's output, and the
+    # last one after the final norm, which is the sequence output (last_hidden_state):
+    # transformers 5's numbering. 4.x gave the last layer's before the norm; the others
+    # are the same in both (docs/feature-extraction.md#layer-numbering).
     x_BxLxD = self.final_norm(x_BxLxD)
+    hidden[-1] = x_BxLxD
     return BertOutput(x_BxLxD, x_BxLxD[:, 0], tuple(hidden) if output_hidden_states else None)
 
   def attend(self, x_BxPxD):

@@ -138,12 +138,8 @@ def _read_hf_like(path: str, kind: str) -> Source:
   config = (hf_modernbert.config_from_hf(hf_config, config_path)
             if hf_modernbert.is_modernbert(hf_config) else bert_config_from_hf(hf_config,
                                                                                config_path))
-  if config.family == "modernbert" and not os.path.isfile(os.path.join(path, "vocab.txt")):
-    # A BPE tokenizer.json (the published ModernBERT's): its normalizer decides casing.
-    return Source(path, kind, config, sources.read_tokenizer_json(path, config),
-                  "its tokenizer.json")
-  lower, lower_from = sources.resolve_lowercase(path, hf_config, None)
-  tokenizer = sources.read_vocab(path, config, lower, config_path)
+  # vocab.txt, tokenizer.json (WordPiece or BPE: transformers 5 saves only this) or both.
+  tokenizer, lower_from = sources.read_hf_tokenizer(path, hf_config, config, config_path)
   return Source(path, kind, config, tokenizer, lower_from)
 
 
