@@ -72,7 +72,8 @@ def test_a_sigterm_while_the_vocabulary_trains_stops_it_at_once_saying_so(
   preemption notice), then said 'finished parts of the data are kept' of nothing."""
   from bert_jax.data import bpe, dataset
   from bert_jax.settings import DataSettings
-  monkeypatch.setattr(bpe, "train", lambda *a: time.sleep(30))  # a long native call
+  monkeypatch.setattr(bpe.Tokenizer, "train",  # a long native call
+                      classmethod(lambda cls, *a: time.sleep(30)))
   threading_timer = __import__("threading").Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
   threading_timer.start()
   start = time.monotonic()

@@ -25,7 +25,7 @@ import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from bert_jax.data.tokenizer import CONFIG_FILE, SPECIAL_TOKENS, Tokenizer, Vocabulary
-from bert_jax.errors import ConfigError
+from bert_jax.errors import ConfigError, stoppable
 from bert_jax.storage import fs
 
 KIND = "bpe"
@@ -172,7 +172,10 @@ def from_file(path: str, lowercase: bool) -> AnyTokenizer:
 
 def train(kind: str, texts: Callable[[], Iterable[str]], vocab_size: int,
           lowercase: bool) -> AnyTokenizer:
-  return (BpeTokenizer if kind == KIND else Tokenizer).train(texts, vocab_size, lowercase)
+  """A vocabulary of `kind` learned from `texts`, in a thread this one watches: native
+  work that SIGTERM stops at once (a preemption notice gives 30 s), not when it ends."""
+  return stoppable(lambda: (BpeTokenizer if kind == KIND else Tokenizer).train(
+      texts, vocab_size, lowercase), "training the vocabulary")
 
 
 def to_meta(tokenizer: AnyTokenizer) -> dict:

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from bert_jax.data import corpus, prep_parts, prep_merge, prep_workers, prep_write
-from bert_jax.errors import BertJaxError, ConfigError, stoppable
+from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.data.prep_store import (  # noqa: F401  (re-exported: the data's public names)
     HEADER, INFO_FILE, MANIFEST_FILE, SETTINGS_FILE, STATS_FILE, TOKENIZER_DIR, ExampleSource,
     seq_dir, shard_path, write_json)
@@ -408,9 +408,7 @@ def make_tokenizer(c: DataSettings, seed: int) -> bpe.AnyTokenizer:
   # Train split only: the eval text must stay unseen, vocabulary included.
   def texts() -> Iterator[str]:  # read twice by Tokenizer.train, streamed both times
     return vocab_sample(documents(c, seed, corpus.CorpusStats()), c.vocab_sample_bytes)
-  # In a thread this one watches: SIGTERM stops it at once, not when training ends.
-  return stoppable(lambda: bpe.train(c.tokenizer, texts, c.vocab_size, c.lowercase),
-                   "training the vocabulary")
+  return bpe.train(c.tokenizer, texts, c.vocab_size, c.lowercase)
 
 
 def vocab_sample(docs: Iterator[tuple[bool, list[str]]], max_chars: int) -> Iterator[str]:

@@ -234,7 +234,7 @@ class ModernBertModel(nn.Module):
     # hidden_states (features' --layers): the embeddings, each layer's output, and the
     # last one after the final norm, which is the sequence output (last_hidden_state):
     # transformers 5's numbering. 4.x gave the last layer's before the norm; the others
-    # are the same in both (docs/feature-extraction.md#layer-numbering).
+    # are the same in both (docs/feature-extraction.md, Layer numbering).
     x_BxLxD = self.final_norm(x_BxLxD)
     hidden[-1] = x_BxLxD
     return BertOutput(x_BxLxD, x_BxLxD[:, 0], tuple(hidden) if output_hidden_states else None)

@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator
 
 from bert_jax import console
-from bert_jax.errors import ConfigError
+from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.storage import fs
 from bert_jax.storage.workdir import Workdir
 
@@ -75,7 +75,7 @@ class Ledger:
     self._lock = threading.Lock()
     self._writer: threading.Thread | None = None
     self._pending: dict | None = None
-    self._failed: ConfigError | None = None
+    self._failed: BertJaxError | None = None
 
   def add(self, category: str, seconds: float) -> None:
     self.seconds[category] += max(0.0, seconds)
@@ -159,7 +159,9 @@ class Ledger:
   def wait(self) -> None:
     """Waits for a background write (`flush(background=True)`); raises its failure."""
     writer = self._writer
-    if writer is not None:
+    # Not on a bucket the run has stopped waiting on (a run stopping on its outage): the
+    # write in flight would hold the exit for its retries.
+    if writer is not None and not fs.given_up(self.path):
       writer.join()
     with self._lock:
       failed, self._failed = self._failed, None
@@ -174,8 +176,8 @@ class Ledger:
           return
       try:
         self._write(r)
-      except ConfigError as e:
-        with self._lock:
+      except BertJaxError as e:  # a full disk, a bucket that stopped answering: raised
+        with self._lock:         # at the next log point, never a thread's traceback
           self._failed = e
 
   def _write(self, r: dict) -> None:
