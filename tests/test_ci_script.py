@@ -18,8 +18,9 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 # `python3 -m venv DIR` makes DIR/bin/{activate,python,pip}; the venv's python
-# runs `-m pytest` as exit $FAKE_PYTEST_RC and logs every call; its pip fails when its
-# arguments contain $FAKE_PIP_FAILS.
+# runs `-m pytest` as exit $FAKE_PYTEST_RC and logs every call, tagged with its
+# environment (`python[venv312] ...`); its pip fails when its arguments contain
+# $FAKE_PIP_FAILS. The same stub stands for Python 3.12 (BERT_JAX_CI_PYTHON312).
 _FAKE_PYTHON3 = r'''#!/usr/bin/env bash
 set -e
 [ "$1 $2" = "-m venv" ] || exit 90
@@ -30,8 +31,9 @@ cat > "$d/bin/activate" <<EOS
 deactivate() { PATH="\$_OLD_PATH"; }
 _OLD_PATH="\$PATH"; PATH="$d/bin:\$PATH"
 EOS
-printf '#!/usr/bin/env bash\necho "python $*" >> "$CALL_LOG"\n[ "$1 $2" = "-m pytest" ] && exit "${FAKE_PYTEST_RC:-0}"\nexit 0\n' > "$d/bin/python"
-printf '#!/usr/bin/env bash\necho "pip $*" >> "$CALL_LOG"\ncase "$*" in *"$FAKE_PIP_FAILS"*) exit 1;; esac\n' > "$d/bin/pip"
+v="$(basename "$d")"
+printf '#!/usr/bin/env bash\necho "python[%s] $*" >> "$CALL_LOG"\n[ "$1 $2" = "-m pytest" ] && exit "${FAKE_PYTEST_RC:-0}"\nexit 0\n' "$v" > "$d/bin/python"
+printf '#!/usr/bin/env bash\necho "pip[%s] $*" >> "$CALL_LOG"\ncase "$*" in *"$FAKE_PIP_FAILS"*) exit 1;; esac\n' "$v" > "$d/bin/pip"
 chmod +x "$d/bin/python" "$d/bin/pip"
 '''
 
@@ -47,7 +49,8 @@ def _run_ci(tmp_path: pathlib.Path, pytest_rc: int, pip_fails: str = "no such ar
   scratch.mkdir(exist_ok=True)
   log = tmp_path / "calls.log"
   env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", TMPDIR=str(scratch),
-             CALL_LOG=str(log), FAKE_PYTEST_RC=str(pytest_rc), FAKE_PIP_FAILS=pip_fails)
+             CALL_LOG=str(log), FAKE_PYTEST_RC=str(pytest_rc), FAKE_PIP_FAILS=pip_fails,
+             BERT_JAX_CI_PYTHON312=str(fake))
   proc = subprocess.run(["bash", str(REPO / ".ci" / "run")], env=env, capture_output=True,
                         text=True, timeout=60)
   return proc
@@ -58,28 +61,42 @@ def test_ci_run_removes_its_environments(tmp_path, pytest_rc):
   scratch = tmp_path / "tmp"
   proc = _run_ci(tmp_path, pytest_rc)
   calls = (tmp_path / "calls.log").read_text()
-  assert "python -m pytest" in calls, proc.stderr  # it really ran the suite
+  assert "python[venv] -m pytest" in calls, proc.stderr  # it really ran the suite
   assert (proc.returncode == 0) == (pytest_rc == 0), proc.stderr  # a failure still fails CI
   assert list(scratch.iterdir()) == []  # and neither environment is left behind
 
 
-def test_ci_run_adds_libtpu_only_after_the_main_suite(tmp_path):
-  """The main suite runs without libtpu, as users run it; the TPU tier reuses its environment."""
+def test_ci_run_runs_the_main_suite_on_311_then_the_312_tier_with_libtpu(tmp_path):
+  """The main suite runs without libtpu, as users run it; the 3.12 environment (libtpu,
+  transformers 5) is installed beside it and runs the conversion, parity, resume and TPU
+  tier after it."""
   proc = _run_ci(tmp_path, 0)
   assert proc.returncode == 0, proc.stderr
   calls = [l for l in (tmp_path / "calls.log").read_text().splitlines()
-           if l.startswith(("venv ", "pip install", "python -m pytest"))]
-  assert calls == ["venv venv beside: ",
-                   "pip install -q -r requirements.txt -r requirements-peers.txt",
-                   "python -m pytest -n 2 --dist worksteal",
-                   "pip install -q -r requirements-tpu.txt",
-                   "python -m pytest -n 2 --dist worksteal tests/test_tpu_plan.py"]
+           if l.startswith(("pip", "python[venv] -m pytest", "python[venv312] -m pytest"))]
+  main = [c for c in calls if c.startswith(("pip[venv]", "python[venv]"))]
+  tier = [c for c in calls if c.startswith(("pip[venv312]", "python[venv312]"))]
+  assert main == ["pip[venv] install -q -r requirements.txt -r requirements-peers.txt",
+                  "python[venv] -m pytest -n 2 --dist worksteal"]
+  assert tier == ["pip[venv312] install -q -r requirements-tpu.txt -r requirements-peers.txt",
+                  "python[venv312] -m pytest -n 2 --dist worksteal tests/test_hf_versions.py "
+                  "tests/test_convert.py tests/test_modernbert.py tests/test_parity.py "
+                  "tests/test_train.py::test_interrupted_run_resumes_to_identical_parameters "
+                  "tests/test_tpu_plan.py"]
+  assert calls[-1] == tier[-1] and calls.index(main[-1]) < calls.index(tier[-1])
 
 
 def test_ci_run_stops_failed_when_the_main_install_fails(tmp_path):
-  proc = _run_ci(tmp_path, 0, pip_fails="requirements-peers.txt")
+  proc = _run_ci(tmp_path, 0, pip_fails="requirements.txt -r requirements-peers.txt")
   assert proc.returncode != 0
-  assert "python -m pytest" not in (tmp_path / "calls.log").read_text()
+  assert "-m pytest" not in (tmp_path / "calls.log").read_text()
+
+
+def test_ci_run_stops_failed_when_the_312_install_fails(tmp_path):
+  proc = _run_ci(tmp_path, 0, pip_fails="requirements-tpu.txt")
+  assert proc.returncode != 0 and "installing the Python 3.12 environment failed" in proc.stderr
+  assert "python[venv312] -m pytest" not in (tmp_path / "calls.log").read_text()
+  assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_ci_run_removes_what_a_killed_run_left(tmp_path):
