@@ -149,6 +149,31 @@ def test_mlm_loss_and_gradients_equal_transformers():
     assert np.abs(got - want).max() < rtol * scale, name
 
 
+def test_the_deferred_softmax_computes_what_the_standard_order_does(monkeypatch):
+  """One attention core serves both families: attention_softmax='deferred' was silently
+  the standard order for ModernBERT. Same loss and gradients, sliding windows included,
+  and the deferred order is the one that ran."""
+  from bert_jax.model import bert
+  orders, core = [], bert._einsum_attention  # pylint: disable=protected-access
+  monkeypatch.setattr(bert, "_einsum_attention", lambda c, *a: (
+      orders.append(c.attention_softmax), core(c, *a))[1])
+  model = hf_model(**SHAPES["odd_layers_short_window_biases"])
+  config, params = ours_of(model)
+  ids, mask = batch()
+  positions = jnp.asarray(np.array([[1, 5, 9, 12], [0, 3, 7, 10], [1, 2, 0, 0]]))
+
+  def loss_and_grads(c):
+    loss = lambda p: jnp.sum(forward(c, p, ids, mask, positions).mlm_logits_BxPxV[..., :V] ** 2)
+    return jax.value_and_grad(loss)(params)
+  la, ga = loss_and_grads(config)
+  lb, gb = loss_and_grads(dataclasses.replace(config, attention_softmax="deferred"))
+  first = orders.index("deferred")  # the layers' cores, traced for each config in turn
+  assert first and set(orders[:first]) == {"standard"} and set(orders[first:]) == {"deferred"}
+  np.testing.assert_allclose(la, lb, rtol=1e-5)
+  for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
 def test_packed_rows_give_each_document_what_it_gets_alone():
   """Two documents in one row: each one's hidden states and logits equal its own row's
   (positions restart; no attention, global or windowed, crosses the boundary)."""

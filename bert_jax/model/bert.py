@@ -285,42 +285,50 @@ class SelfAttention(nn.Module):
     k_BxLxHxK = checkpoint_name(proj(name="key")(x_BxLxD).astype(cd), "key")
     v_BxLxHxK = checkpoint_name(proj(name="value")(x_BxLxD).astype(cd), "value")
     q_BxLxHxK = q_BxLxHxK / jnp.sqrt(head_dim).astype(cd)
-    if c.attention_kernel == "splash":  # no attention dropout (BertConfig.validate)
-      o_BxLxHxK = splash.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask.segments_BxL,
-                                   mask.window).astype(cd)
-    elif c.attention_kernel != "einsum":
-      o_BxLxHxK = fused_attention(c.attention_kernel, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
-                                  bias_Bx1xQxL)
-    else:
-      o_BxLxHxK = self._attend(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL, deterministic)
+    o_BxLxHxK = attention_core(c, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, deterministic)
     return checkpoint_name(nn.DenseGeneral(
         c.hidden_size, axis=(-2, -1), **dense_kw(c),
         kernel_init=normal_init(c, ("heads", "kv", "embed")),
         bias_init=zeros_init(("embed",)), name="output")(o_BxLxHxK).astype(cd),
         "attention_output")
 
-  def _attend(self, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL, deterministic: bool):
-    c = self.config
-    cd = c.compute_dtype
-    # Scores and softmax in float32, as the reference does.
-    s_BxHxLxL = activation_einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK, jnp.float32)
-    drop = Dropout(c.attention_dropout_rate, c.dropout_rng)
-    if c.attention_softmax == "standard":
-      p_BxHxLxL = jax.nn.softmax(s_BxHxLxL + bias_Bx1xQxL, axis=-1)
-      p_BxHxLxL = drop(p_BxHxLxL, deterministic=deterministic).astype(cd)
-      return activation_einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK,
-                               None if not c.mixed else cd)
-    # 'deferred': softmax(s) @ v == (exp(s - max) @ v) / sum(exp(s - max)), and dropout,
-    # a per-element scale, commutes with the per-row division. Dividing the [L, K]
-    # context skips a pass over the [L, L] probabilities.
-    s_BxHxLxL = s_BxHxLxL + bias_Bx1xQxL
-    e_BxHxLxL = jnp.exp(s_BxHxLxL - jax.lax.stop_gradient(s_BxHxLxL.max(-1, keepdims=True)))
-    sum_BxHxLx1 = e_BxHxLxL.sum(-1, keepdims=True)
-    e_BxHxLxL = drop(e_BxHxLxL, deterministic=deterministic).astype(cd)
-    # Divided in the dot's own [B, H, L, K] layout, then moved: on XLA:CPU the core ran
-    # about twice as fast this way as divided in [B, L, H, K] (tools/bench_layer_ops.py).
-    o_BxHxLxK = activation_einsum(c, "bhqs,bshk->bhqk", e_BxHxLxL, v_BxLxHxK, jnp.float32)
-    return (o_BxHxLxK / sum_BxHxLx1).astype(cd).transpose(0, 2, 1, 3)
+
+def attention_core(c: BertConfig, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask: AttentionMask,
+                   deterministic: bool):
+  """Every family's attention after its projections (queries already scaled): splash on a
+  TPU, a fused kernel ('jax', 'cudnn'), or the einsum core with the standard or deferred
+  softmax (`attention_softmax`). Called inside the family's compact attention module,
+  whose dropout it is."""
+  if c.attention_kernel == "splash":  # no attention dropout (BertConfig.validate)
+    return splash.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask.segments_BxL,
+                            mask.window).astype(c.compute_dtype)
+  if c.attention_kernel != "einsum":
+    return fused_attention(c.attention_kernel, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask.bias)
+  return _einsum_attention(c, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask.bias, deterministic)
+
+
+def _einsum_attention(c: BertConfig, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL,
+                      deterministic: bool):
+  cd = c.compute_dtype
+  # Scores and softmax in float32, as the reference does.
+  s_BxHxLxL = activation_einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK, jnp.float32)
+  drop = Dropout(c.attention_dropout_rate, c.dropout_rng)
+  if c.attention_softmax == "standard":
+    p_BxHxLxL = jax.nn.softmax(s_BxHxLxL + bias_Bx1xQxL, axis=-1)
+    p_BxHxLxL = drop(p_BxHxLxL, deterministic=deterministic).astype(cd)
+    return activation_einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK,
+                             None if not c.mixed else cd)
+  # 'deferred': softmax(s) @ v == (exp(s - max) @ v) / sum(exp(s - max)), and dropout,
+  # a per-element scale, commutes with the per-row division. Dividing the [L, K]
+  # context skips a pass over the [L, L] probabilities.
+  s_BxHxLxL = s_BxHxLxL + bias_Bx1xQxL
+  e_BxHxLxL = jnp.exp(s_BxHxLxL - jax.lax.stop_gradient(s_BxHxLxL.max(-1, keepdims=True)))
+  sum_BxHxLx1 = e_BxHxLxL.sum(-1, keepdims=True)
+  e_BxHxLxL = drop(e_BxHxLxL, deterministic=deterministic).astype(cd)
+  # Divided in the dot's own [B, H, L, K] layout, then moved: on XLA:CPU the core ran
+  # about twice as fast this way as divided in [B, L, H, K] (tools/bench_layer_ops.py).
+  o_BxHxLxK = activation_einsum(c, "bhqs,bshk->bhqk", e_BxHxLxL, v_BxLxHxK, jnp.float32)
+  return (o_BxHxLxK / sum_BxHxLx1).astype(cd).transpose(0, 2, 1, 3)
 
 
 class TransformerLayer(nn.Module):

@@ -122,7 +122,6 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, mask: AttentionMask, positions_BxL, deterministic: bool):
     c = self.config
-    bias_Bx1xQxL = mask.bias
     cd = c.compute_dtype
     head_dim = c.hidden_size // c.num_heads
     std = _stds(c)
@@ -136,20 +135,9 @@ class Attention(nn.Module):
     cos, sin = rope_cos_sin(positions_BxL, head_dim, theta)
     q_BxLxHxK, k_BxLxHxK = apply_rope(q_BxLxHxK, cos, sin), apply_rope(k_BxLxHxK, cos, sin)
     q_BxLxHxK = q_BxLxHxK * jnp.asarray(head_dim ** -0.5, cd)
-    if c.attention_kernel == "splash":
-      o_BxLxHxK = splash.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask.segments_BxL,
-                                   mask.window).astype(cd)
-    elif c.attention_kernel in ("jax", "cudnn"):
-      o_BxLxHxK = bert.fused_attention(c.attention_kernel, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK,
-                                       bias_Bx1xQxL)
-    else:
-      s_BxHxLxL = bert.activation_einsum(c, "bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK,
-                                         jnp.float32)
-      p_BxHxLxL = jax.nn.softmax(s_BxHxLxL + bias_Bx1xQxL, axis=-1)
-      p_BxHxLxL = Dropout(c.attention_dropout_rate, c.dropout_rng)(
-          p_BxHxLxL, deterministic=deterministic).astype(cd)
-      o_BxLxHxK = bert.activation_einsum(c, "bhqs,bshk->bqhk", p_BxHxLxL, v_BxLxHxK,
-                                         None if not c.mixed else cd)
+    # BERT's core, every kernel and both softmax orders (attention_softmax='deferred'
+    # was silently the standard order here before the core was shared).
+    o_BxLxHxK = bert.attention_core(c, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, deterministic)
     o_BxLxD = nn.DenseGeneral(
         c.hidden_size, axis=(-2, -1), use_bias=c.attention_bias, **dense_kw(c),
         kernel_init=_init(std["out"], ("heads", "kv", "embed")),
