@@ -212,7 +212,10 @@ def test_the_compiled_torch_peer_computes_the_masked_head_loss():
 
 
 def test_the_masked_head_flax_peer_computes_the_shipped_loss():
-  pytest.importorskip("transformers")
+  transformers = pytest.importorskip("transformers")
+  if not hasattr(transformers, "FlaxBertForPreTraining"):  # transformers 5 has no Flax
+    pytest.skip("transformers 5 dropped the Flax models: the Flax peer runs with 4.57 "
+                "(Python 3.11's peers)")
   from transformers import FlaxBertForPreTraining
   from tools import peers
   case, size = _mini_case()
