@@ -83,19 +83,21 @@ def _rope_thetas(hf: Mapping, source: str) -> tuple[float, float]:
 
 def _global_every(hf: Mapping, source: str) -> int:
   """`global_attn_every_n_layers`: 4.x's field, or the period of transformers 5's
-  `layer_types` (layer i global exactly when i % n == 0); another pattern is refused."""
+  `layer_types` (layer i global exactly when i % n == 0), which 5.x follows where both
+  are given; another pattern is refused."""
   types = hf.get("layer_types")
   if not types:
     return int(hf.get("global_attn_every_n_layers", 3))
   full = [i for i, t in enumerate(types) if t == "full_attention"]
-  n = full[1] if len(full) > 1 else len(types)
-  want = ["sliding_attention" if i % n else "full_attention" for i in range(len(types))]
-  if list(types) != want or (len(full) == 1 and hf.get("global_attn_every_n_layers",
-                                                       n) < n):
+  # One global layer (the first): any period from the layer count up says the same.
+  n = full[1] if len(full) > 1 else max(len(types), int(hf.get("global_attn_every_n_layers",
+                                                                len(types))))
+  if list(types) != ["sliding_attention" if i % n else "full_attention"
+                     for i in range(len(types))]:
     raise CheckpointError(f"{source}: layer_types {list(types)} are not 'every n-th layer "
                           "global, from the first'; expected that pattern (bert-jax's "
                           "global_attn_every_n_layers)")
-  return int(hf.get("global_attn_every_n_layers", n)) if len(full) == 1 else n
+  return n
 
 
 def hf_config(config: BertConfig, special: Mapping[str, int],
