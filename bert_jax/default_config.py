@@ -65,11 +65,13 @@ def get_config() -> ml_collections.ConfigDict:
 def _data() -> ml_collections.ConfigDict:
   """Data: text -> WordPiece -> sentence-pair examples (stored once via TFDS)."""
   c = ml_collections.ConfigDict()
-  # 'builtin' (CPython's pydoc topics, always present), a text file path (plain:
-  # one sentence per line, blank line between documents; or tab: `A<TAB>B` per
-  # line), or 'tfds:<name>:<feature>' e.g. 'tfds:wikipedia/20230601.en:text'.
+  # 'builtin' (CPython's pydoc topics, always present); a file, folder or glob, local or
+  # gs://, of text (plain: one sentence per line, blank line between documents; tab:
+  # `A<TAB>B` per line), JSONL or Parquet (a record a document), any of them gzip, zstd,
+  # bzip2 or xz compressed (docs/corpora.md); or 'tfds:<name>:<feature>'.
   c.corpus = "builtin"
-  c.format = "auto"  # 'auto' | 'plain' | 'tab'
+  c.format = "auto"  # 'auto' | 'plain' | 'tab' | 'jsonl' | 'parquet'
+  c.field = "text"  # the text field of JSONL records, the text column of Parquet files
   # '' = train a vocabulary on the corpus; a vocab.txt (WordPiece) or a HuggingFace
   # tokenizer.json (BPE, e.g. a published ModernBERT's: its own normalizer decides casing).
   c.vocab_file = ""

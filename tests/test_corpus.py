@@ -119,10 +119,12 @@ def test_missing_file_raises_naming_it(tmp_path):
   assert_names_file(e, path)
 
 
-def test_directory_raises_naming_it(tmp_path):
-  with pytest.raises(CorpusError, match="is a directory") as e:
-    corpus.read_documents(str(tmp_path))
-  assert_names_file(e, str(tmp_path))
+def test_a_folder_without_files_raises_naming_it(tmp_path):
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "_SUCCESS").write_text("")  # a marker, not a corpus file
+  with pytest.raises(CorpusError, match="holds no files") as e:
+    corpus.read_documents(str(tmp_path / "sub"))
+  assert_names_file(e, str(tmp_path / "sub"))
 
 
 @pytest.mark.parametrize("content", ["", "\n\n  \n\t\n"], ids=["empty", "blank_lines"])

@@ -444,13 +444,14 @@ def _bad_inputs(tmp_path):
   dup.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\ncat\ncat\n", encoding="utf-8")
   nomask = tmp_path / "vocab_nomask.txt"
   nomask.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\ncat\n", encoding="utf-8")
+  (tmp_path / "nothing").mkdir()
   return {
       "missing": (dict(corpus=str(tmp_path / "nope.txt")), "nope.txt", "does not exist"),
-      "directory": (dict(corpus=str(tmp_path)), str(tmp_path), "directory"),
+      "directory": (dict(corpus=str(tmp_path / "nothing")), "nothing", "holds no files"),
       "symlink loop": (dict(corpus=str(loop)), "loop.txt", "symlink"),
       "empty": (dict(corpus=str(empty)), "empty.txt", "no text"),
       "blank lines": (dict(corpus=str(blank)), "blank.txt", "no text"),
-      "gzip": (dict(corpus=str(gz)), "corpus.txt.gz", "gzip"),
+      "gzip": (dict(corpus=str(gz)), "corpus.txt.gz", "gzip-compressed and its data is damaged"),
       "glob": (dict(corpus=str(tmp_path / "*.nothing")), "*.nothing", "matches no files"),
       "tab without tabs": (dict(corpus=str(tab), format="tab"), "tab.txt", "no 'first half"),
       "vocab duplicate": (dict(vocab_file=str(dup)), "vocab_dup.txt", "repeats token 'cat'"),

@@ -23,16 +23,17 @@ import re
 from collections.abc import Iterator, Sequence
 from pydoc_data.topics import topics
 
+from bert_jax.data import records
 from bert_jax.data.corpus_files import (CONTROL_CHARS, CorpusStats, check_file, detect_format,
                                    file_documents)
 from bert_jax.errors import ConfigError, CorpusError
 from bert_jax.settings.data import FORMATS
+from bert_jax.storage import fs
 
 BUILTIN = "builtin"
 TFDS_PREFIX = "tfds:"
 _TFDS_BATCH = 256
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
 # reST decoration: underlines (`*****`, `=====`) and table borders/rows.
 _DECORATION = re.compile(r"^\s*(?:([*=\-~^#+_])\1{2,}|[+|].*[+|])\s*$")
 _PROSE_CHARS = frozenset(" .,;:'\"()-?!\u2018\u2019\u201c\u201d")
@@ -41,11 +42,12 @@ _GLOB_CHARS = frozenset("*?[")
 
 def read_documents(spec: str, fmt: str = "auto", max_documents: int = 0,
                    tfds_data_dir: str | None = None,
-                   stats: CorpusStats | None = None) -> Iterator[list[str]]:
+                   stats: CorpusStats | None = None, field: str = "text") -> Iterator[list[str]]:
   """Yields documents (lists of non-empty sentences) from `spec`.
 
-  `spec` is 'builtin', a file path, a glob ('wiki/*.txt') or
-  'tfds:<name>[:<feature>]' (feature defaults to 'text'). `max_documents` > 0
+  `spec` is 'builtin', a file path, a folder (its files), a glob ('wiki/*.txt') or
+  'tfds:<name>[:<feature>]' (feature defaults to 'text'). Files are text (plain or tab),
+  JSONL or Parquet (`field`: the records' text), any of them compressed. `max_documents` > 0
   stops after that many documents. `stats`, if given, is filled as documents
   are read. Problems with the input raise CorpusError; path/format problems
   are found here, before the first document is asked for.
@@ -64,23 +66,33 @@ def read_documents(spec: str, fmt: str = "auto", max_documents: int = 0,
     for path in paths:
       check_file(path)
     fmt = detect_format(paths[0]) if fmt == "auto" else fmt
-    docs = itertools.chain.from_iterable(file_documents(p, fmt, stats) for p in paths)
+    docs = itertools.chain.from_iterable(file_documents(p, fmt, stats, field=field)
+                                         for p in paths)
   docs = _counted(docs, stats)
   return itertools.islice(docs, max_documents) if max_documents else docs
 
 
 def read_ranges(ranges: Sequence[tuple[str, int, int | None]], fmt: str,
-                stats: CorpusStats) -> Iterator[list[str]]:
-  """The documents of byte ranges (path, start, end or None = to the end) of files
-  already checked, in order: one part of a corpus (see `prep_parts`). `fmt` is resolved."""
-  docs = itertools.chain.from_iterable(file_documents(p, fmt, stats, start, end)
+                stats: CorpusStats, field: str = "text") -> Iterator[list[str]]:
+  """The documents of ranges (path, start, end or None = to the end: bytes, or a Parquet
+  file's row groups) of files already checked, in order: one part of a corpus (see
+  `prep_parts`). `fmt` is resolved."""
+  docs = itertools.chain.from_iterable(file_documents(p, fmt, stats, start, end, field)
                                        for p, start, end in ranges)
   return _counted(docs, stats)
 
 
 def files(spec: str) -> list[str]:
-  """The files a path or glob names: [spec] for a path, sorted matches for a glob."""
+  """The files a path, folder or glob names: [spec] for a file; for a folder, every file
+  under it but hidden ones and markers ('.x', '_SUCCESS'); sorted matches for a glob."""
   if not _GLOB_CHARS & set(spec):
+    if os.path.isdir(spec):
+      found = [p for p in fs.find(spec) if not any(
+          n.startswith((".", "_")) for n in os.path.relpath(p, spec).split(os.sep))]
+      if not found:
+        raise CorpusError(f"corpus folder '{spec}' holds no files; expected text, JSONL or "
+                          "Parquet files")
+      return found
     return [spec]
   matches = sorted(p for p in globlib.glob(os.path.expanduser(spec), recursive=True)
                    if not os.path.isdir(p))
@@ -95,7 +107,8 @@ def is_files(spec: str) -> bool:
 
 
 def resolve_format(spec: str, fmt: str) -> str:
-  """'plain' or 'tab': `fmt`, or for 'auto' what the (first) file looks like."""
+  """'plain', 'tab', 'jsonl' or 'parquet': `fmt`, or for 'auto' what the (first) file
+  looks like."""
   if fmt not in FORMATS:
     raise ConfigError(f"data.format must be one of {', '.join(FORMATS)}; got {fmt!r}")
   if fmt != "auto":
@@ -115,7 +128,7 @@ def split_sentences(text: str, paragraph_sep: str = r"\n\s*\n") -> list[str]:
     flat = " ".join(" ".join(lines).split())
     if not flat or _looks_like_code(flat):
       continue
-    sentences.extend(s for s in _SENTENCE_END.split(flat) if s)
+    sentences.extend(s for s in records.SENTENCE_END.split(flat) if s)
   return sentences
 
 

@@ -2,43 +2,40 @@
 
 Owns everything bert_jax.data.corpus does with a text file: the one-line CorpusError
 for input that cannot be meant as text (missing, a directory, a symlink loop,
-compressed, UTF-16, binary, empty or only blank lines), reading in 1 MiB
+a zip archive, UTF-16, binary, empty or only blank lines; compressed files are judged
+by their text, Parquet files by their footer), reading in 1 MiB
 blocks, and `CorpusStats`, which counts what was repaired: bytes that are not
 UTF-8 (replaced by U+FFFD), control characters such as NUL (dropped), lines
 over 1 MiB (cut into pieces, each a sentence), tab-format lines without
 exactly one tab or with an empty half (skipped), documents over 50 000
 sentences or 1 MiB (cut into several). A UTF-8 byte order mark, CRLF and CR
 line ends are simply accepted. Formats: `plain` (one sentence per line, blank
-line between documents) and `tab` (`A<TAB>B` per line, a two-sentence document).
+line between documents), `tab` (`A<TAB>B` per line, a two-sentence document), and the
+record formats of bert_jax.data.records, `jsonl` and `parquet` (a record a document).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
-import re
 from collections.abc import Iterator
 
+from bert_jax.data import records
 from bert_jax.errors import CorpusError
 from bert_jax.storage import fs
 
 _SNIFF_LINES = 1000
 _SNIFF_BYTES = 1 << 16
 _BLOCK_BYTES = 1 << 20
-MAX_LINE_BYTES = 1 << 20
-MAX_DOCUMENT_SENTENCES = 50_000
-# A document over 1 MiB (a book with no blank lines, a file that is one document)
-# is cut: a part of 16 MiB or more then has documents to split into train and eval
-# and to draw NotNext partners from (a part of one document yields no pairs).
-MAX_DOCUMENT_CHARS = 1 << 20
-
-# Control characters other than tab/newline (NUL, C1, DEL...): dropped, not fatal.
-CONTROL_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff]")
+MAX_LINE_BYTES = records.MAX_SENTENCE_CHARS
+MAX_DOCUMENT_SENTENCES = records.MAX_DOCUMENT_SENTENCES
+MAX_DOCUMENT_CHARS = records.MAX_DOCUMENT_CHARS  # why: see records
+CONTROL_CHARS = records.CONTROL_CHARS  # dropped, not fatal
 _BOM = b"\xef\xbb\xbf"
-_MAGIC = ((b"\x1f\x8b", "gzip-compressed"), (b"BZh", "bzip2-compressed"),
-          (b"\xfd7zXZ\x00", "xz-compressed"), (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
-          (b"PK\x03\x04", "a zip archive"), (b"\xff\xfe", "UTF-16/32 (byte order mark)"),
+# Compressed files (gzip, zstd, bzip2, xz) are read through bert_jax.data.records.
+_MAGIC = ((b"PK\x03\x04", "a zip archive"), (b"\xff\xfe", "UTF-16/32 (byte order mark)"),
           (b"\xfe\xff", "UTF-16 (byte order mark)"), (b"\x00\x00\xfe\xff", "UTF-32"))
 
 
@@ -79,12 +76,19 @@ _ODDITIES = {
                          "skipped",
     "long_documents": f"document(s) over {MAX_DOCUMENT_SENTENCES} sentences or "
                       f"{MAX_DOCUMENT_CHARS >> 20} MiB, cut into several documents",
+    "null_fields": "record(s) whose text field is null, skipped",
 }
 
 
 def detect_format(path: str) -> str:
-  """'tab' if each of the first ~1000 non-blank lines has exactly one tab, else 'plain'."""
+  """'parquet' for a Parquet file; 'jsonl' if the first non-blank line is a JSON object;
+  'tab' if each of the first ~1000 non-blank lines has exactly one tab; else 'plain'.
+  A compressed file is judged by its decompressed text."""
   check_file(path)
+  if records.is_parquet(path):
+    return "parquet"
+  if _starts_with_json_object(path):
+    return "jsonl"
   lines = itertools.islice((l for _, block, _ in _read_lines(path, CorpusStats())
                             for l in block if l.strip()), _SNIFF_LINES)
   seen = False
@@ -93,6 +97,28 @@ def detect_format(path: str) -> str:
     if line.count("\t") != 1:
       return "plain"
   return "tab" if seen else "plain"
+
+
+_JSON_LINE_BYTES = 64 << 20  # the first record is read whole to judge it, up to this
+
+
+def _starts_with_json_object(path: str) -> bool:
+  """Whether the first non-blank line is a JSON object (a record of any size)."""
+  with records.open_bytes(path) as f:
+    line = b""
+    while not line.strip():
+      line = f.readline(_JSON_LINE_BYTES)
+      if not line:
+        return False
+  line = line.strip()
+  if not line.startswith(b"{"):
+    return False
+  if len(line) >= _JSON_LINE_BYTES - 2:  # longer than is read to judge: an object's start
+    return line.startswith(b'{"')
+  try:
+    return isinstance(json.loads(line.decode("utf-8", errors="replace")), dict)
+  except ValueError:
+    return False
 
 
 def check_file(path: str) -> None:
@@ -113,6 +139,15 @@ def check_file(path: str) -> None:
       head = f.read(_SNIFF_BYTES)
   except OSError as e:
     raise CorpusError(f"corpus file '{path}' cannot be read: {e.strerror or e}") from None
+  if head.startswith(records.PARQUET_MAGIC):
+    records.parquet_file(path)  # its footer: a truncated copy is found now, in one line
+    return
+  if records.compression(head) is not None:  # judged by the text inside
+    with records.open_bytes(path) as f:
+      head = f.read(_SNIFF_BYTES)
+    if not head:
+      raise CorpusError(f"corpus file '{path}' is compressed and holds nothing; expected "
+                        "text, JSONL or Parquet")
   _sniff(path, head)
 
 
@@ -138,10 +173,18 @@ def _sniff(path: str, head: bytes) -> None:
 
 
 def file_documents(path: str, fmt: str, stats: CorpusStats, start: int = 0,
-                   end: int | None = None) -> Iterator[list[str]]:
-  """The documents of `path`, or of its bytes [start, end) (a part of the corpus: both
-  ends at document boundaries, see `prep_parts`). Only a whole file can be 'empty'."""
+                   end: int | None = None, field: str = "text") -> Iterator[list[str]]:
+  """The documents of `path`, or of its part [start, end) (see `prep_parts`: bytes at
+  document boundaries, or a Parquet file's row groups). Only a whole file can be 'empty'.
+  `field` is the text field of JSONL records and Parquet rows."""
   span = (start, end)
+  parquet = records.is_parquet(path)
+  if parquet != (fmt == "parquet"):
+    raise CorpusError(f"corpus file '{path}' is {'a Parquet file' if parquet else 'not Parquet'}"
+                      f"; expected {fmt} (the corpus's format; a corpus's files share one, or "
+                      "set --config.data.format)")
+  if fmt in records.READERS:
+    return records.READERS[fmt](path, field, stats, start, end)
   if fmt == "tab":
     return _tab_documents(path, stats, span)
   return _plain_documents(path, stats, span)
@@ -160,18 +203,12 @@ def _blocks(path: str, span: tuple[int, int | None] = (0, None)) -> Iterator[tup
   are followed by a block that starts with the line's last part.
   """
   start, end = span
-  with fs.open(path, "rb", buffering=0) as f:  # blocks are big; no second buffer
-    f.seek(start)
-    left = None if end is None else end - start
-    rest = f.read(len(_BOM) if left is None else min(len(_BOM), left))
-    if left is not None:
-      left -= len(rest)
+  with records.open_bytes(path, start, end, _BLOCK_BYTES) as f:  # decompressed if compressed
+    rest = f.read(len(_BOM))
     if rest == _BOM and start == 0:
       rest = b""
     while True:
-      block = f.read(_BLOCK_BYTES if left is None else min(_BLOCK_BYTES, left))
-      if left is not None:
-        left -= len(block)
+      block = f.read(_BLOCK_BYTES)
       data = rest + block
       # Only the first line can be long: it continues the last block's rest.
       while len(data) > MAX_LINE_BYTES and _first_line_end(data) > MAX_LINE_BYTES:

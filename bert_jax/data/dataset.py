@@ -336,7 +336,7 @@ def _settings(c: DataSettings, seed: int) -> dict:
   return {
       "data_version": DATA_VERSION,
       "corpus": fingerprint,
-      "format": c.format,
+      "format": c.format, **({"field": c.field} if c.field != "text" else {}),
       "max_documents": int(c.max_documents),
       "vocab": vocab,
       "short_seq_prob": float(c.short_seq_prob),

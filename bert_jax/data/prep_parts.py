@@ -6,7 +6,9 @@ are seen as one byte stream, cut every `part_bytes(total size)` bytes (parts
 of 16 to 64 MiB, about TARGET_PARTS of them: enough that workers finish
 together, few enough that shard files stay few), and each cut moved forward
 to the next document boundary (after a blank line for `plain`, after a line end
-for `tab`; a file's end always is one). So the documents of the parts, read in
+for `tab` and `jsonl`, at a row group's start for `parquet`; a file's end always is
+one; a compressed file is never cut inside, as its stream is read from its start). So
+the documents of the parts, read in
 part order, are the documents of the corpus read whole; only the part-local
 seeds and windows (see `prep_write`) depend on the cuts, and the cuts on the
 bytes of the corpus alone.
@@ -24,7 +26,7 @@ import dataclasses
 import os
 import re
 
-from bert_jax.data import corpus
+from bert_jax.data import corpus, records
 from bert_jax.storage import fs
 
 # A corpus up to PART_BYTES is one part. Above, parts of MIN_PART_BYTES to PART_BYTES,
@@ -48,7 +50,7 @@ TFDS_PART_EXAMPLES = 20_000  # ~60 MiB of Wikipedia articles
 _SCAN_BYTES = 1 << 20
 # A blank line: a line end, then only whitespace (CR of CRLF included), then a line end.
 _PLAIN_BOUNDARY = re.compile(rb"\n[ \t\r\f\v]*\n")
-_TAB_BOUNDARY = re.compile(rb"\n")
+_LINE_BOUNDARY = re.compile(rb"\n")
 
 Range = tuple[str, int, "int | None"]  # (path, start, end or None = to the file's end)
 
@@ -79,7 +81,7 @@ class Part:
 
 
 def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
-  """The parts of corpus `spec` (`fmt` resolved: 'plain' or 'tab'), in corpus order."""
+  """The parts of corpus `spec` (`fmt` resolved), in corpus order."""
   if spec.startswith(corpus.TFDS_PREFIX) and not max_documents:
     return _tfds_parts(corpus.tfds_size(spec))
   if not corpus.is_files(spec) or max_documents:
@@ -89,22 +91,54 @@ def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
   if sum(sizes) <= part_bytes_limit():
     return [Part(0, 1, (), sum(sizes))]
   step = part_bytes(sum(sizes))
+  layout = [_File(p, n, fmt) for p, n in zip(paths, sizes)]
   cuts = [(0, 0)]
   stream = 0  # stream offset of file i's start
-  for i, (path, size) in enumerate(zip(paths, sizes)):
+  for i, f in enumerate(layout):
     k = stream // step + 1
-    while k * step < stream + size:
-      at = _next_boundary(path, k * step - stream, fmt)
-      cut = (i, at) if at is not None and at < size else (i + 1, 0)
+    while k * step < stream + f.size:
+      at = f.cut_at(k * step - stream)
+      cut = (i, at) if at is not None and at < f.extent else (i + 1, 0)
       if cut > cuts[-1] and cut != (len(paths), 0):
         cuts.append(cut)
       k += 1
-    stream += size
+    stream += f.size
   cuts.append((len(paths), 0))
-  ranges = [r for a, b in zip(cuts, cuts[1:]) if (r := _ranges(paths, sizes, a, b))]
-  return [Part(i, len(ranges), tuple(r), sum((e if e is not None else sizes[paths.index(p)]) - s
+  ranges = [r for a, b in zip(cuts, cuts[1:]) if (r := _ranges(layout, a, b))]
+  return [Part(i, len(ranges), tuple(r), sum(layout[paths.index(p)].bytes_of(s, e)
                                              for p, s, e in r))
           for i, r in enumerate(ranges)]
+
+
+class _File:
+  """Where a corpus file can be cut, in its own coordinates: bytes (at document
+  boundaries) for text and JSONL; row groups for Parquet; nowhere inside for a
+  compressed file (a stream is read from its start), which is one range whole."""
+
+  def __init__(self, path: str, size: int, fmt: str):
+    self.path, self.size = path, size
+    self.compressed = records.compression(records.head(path)) is not None
+    self.groups: list[int] | None = None  # a Parquet file's row group offsets
+    if fmt == "parquet" and records.is_parquet(path):
+      self.groups, _ = records.row_group_offsets(path)
+    self.fmt = fmt
+    self.extent = len(self.groups) if self.groups is not None else size
+
+  def cut_at(self, offset: int) -> int | None:
+    """The first place a part may start at or after byte `offset` (None: none before the
+    file's end)."""
+    if self.groups is not None:
+      return next((g for g, at in enumerate(self.groups) if at >= offset), None)
+    if self.compressed:
+      return None
+    return _next_boundary(self.path, offset, self.fmt)
+
+  def bytes_of(self, start: int, end: int | None) -> int:
+    """The size of the range [start, end) of this file, in bytes."""
+    if self.groups is None:
+      return (self.size if end is None else end) - start
+    at = lambda g: self.size if g is None or g >= len(self.groups) else self.groups[g]
+    return at(end) - (0 if start == 0 else at(start))
 
 
 def part_bytes(total: int) -> int:
@@ -126,22 +160,21 @@ def _size(spec: str) -> int:
   return sum(os.path.getsize(p) for p in corpus.files(spec)) if corpus.is_files(spec) else 0
 
 
-def _ranges(paths: list[str], sizes: list[int], a: tuple[int, int],
-            b: tuple[int, int]) -> list[Range]:
-  """The file ranges from cut `a` to cut `b` (each (file index, byte offset))."""
+def _ranges(layout: list[_File], a: tuple[int, int], b: tuple[int, int]) -> list[Range]:
+  """The file ranges from cut `a` to cut `b` (each (file index, place in the file))."""
   out: list[Range] = []
-  for i in range(a[0], min(b[0], len(paths) - 1) + 1):
+  for i in range(a[0], min(b[0], len(layout) - 1) + 1):
     start = a[1] if i == a[0] else 0
     end = b[1] if i == b[0] else None
-    if end == 0 or start == sizes[i]:
+    if end == 0 or start == layout[i].extent:
       continue
-    out.append((paths[i], start, end))
+    out.append((layout[i].path, start, end))
   return out
 
 
 def _next_boundary(path: str, offset: int, fmt: str) -> int | None:
   """The first document start at or after `offset` (None: none before the file's end)."""
-  pattern = _TAB_BOUNDARY if fmt == "tab" else _PLAIN_BOUNDARY
+  pattern = _PLAIN_BOUNDARY if fmt == "plain" else _LINE_BOUNDARY  # tab, JSONL: a line end
   with fs.open(path, "rb") as f:
     f.seek(max(0, offset - 1))  # a line end just before `offset` may start the match
     base, data = f.tell(), b""

@@ -71,7 +71,7 @@ class PartJob:
   """Everything a worker needs to prepare one part (picklable)."""
   data: DataSettings
   part: prep_parts.Part
-  fmt: str  # 'plain' or 'tab', resolved once for the corpus
+  fmt: str  # 'plain', 'tab', 'jsonl' or 'parquet', resolved once for the corpus
   tokenizer_dir: str
   directory: str  # the part's final folder
   seq_lens: tuple[int, ...]
@@ -144,9 +144,10 @@ def part_documents(c: DataSettings, part: prep_parts.Part, fmt: str, seed: int,
   if part.examples is not None:
     docs = corpus.read_tfds_range(c.corpus, *part.examples, stats)
   elif part.ranges:
-    docs = corpus.read_ranges(part.ranges, fmt, stats)
+    docs = corpus.read_ranges(part.ranges, fmt, stats, c.field)
   else:
-    docs = corpus.read_documents(c.corpus, c.format, c.max_documents, stats=stats)
+    docs = corpus.read_documents(c.corpus, c.format, c.max_documents, stats=stats,
+                                 field=c.field)
   return split_documents(docs, c.eval_fraction, seed, c.corpus, part.index,
                          whole=part.count == 1)
 
@@ -336,7 +337,8 @@ class _PartWriter:
   def _share_done(self) -> float:
     """Of the part's size: bytes (counted as characters) or TFDS examples."""
     done = self.corpus_stats.documents if self.job.part.examples else self.counts["chars"]
-    return done / max(self.job.part.bytes, 1)
+    # A compressed part's size is its compressed bytes: the share can pass 1 there.
+    return min(done / max(self.job.part.bytes, 1), 1.0)
 
   def _emit(self, split: str, window: pretraining_data.Window | None) -> None:
     if window is None:

@@ -12,7 +12,7 @@ from bert_jax.errors import ConfigError
 from bert_jax.settings.checks import fail, is_int
 from bert_jax.storage import retries
 
-FORMATS = ("auto", "plain", "tab")  # `config.data.format` (data/corpus)
+FORMATS = ("auto", "plain", "tab", "jsonl", "parquet")  # `config.data.format` (data/corpus)
 OBJECTIVES = ("mlm+nsp", "mlm", "mlm+sop")  # `config.objective` (data/pretraining_data)
 TOKENIZERS = ("wordpiece", "bpe")  # `config.data.tokenizer`: the kind of a trained vocabulary (data/bpe)
 
@@ -22,6 +22,7 @@ class DataSettings:
   """What data preparation reads (`config.data`, and `config.objective`)."""
   corpus: str = "builtin"
   format: str = "auto"
+  field: str = "text"  # the text of a JSONL record or Parquet row (data/records)
   vocab_file: str = ""
   vocab_size: int = 30522
   vocab_sample_bytes: int = 100_000_000
@@ -69,6 +70,9 @@ class DataSettings:
       raise fail("data.streams", self.streams, "an integer >= 1")
     if self.format not in FORMATS:
       raise fail("data.format", self.format, f"one of {', '.join(FORMATS)}")
+    if not isinstance(self.field, str) or not self.field:
+      raise fail("data.field", self.field, "the name of the records' text field (JSONL) or "
+                 "column (Parquet)")
     if self.tokenizer not in TOKENIZERS:
       raise fail("data.tokenizer", self.tokenizer, f"one of {', '.join(map(repr, TOKENIZERS))}")
     if self.vocab_sample_bytes < 1:
