@@ -72,6 +72,12 @@ def _data() -> ml_collections.ConfigDict:
   c.corpus = "builtin"
   c.format = "auto"  # 'auto' | 'plain' | 'tab' | 'jsonl' | 'parquet'
   c.field = "text"  # the text field of JSONL records, the text column of Parquet files
+  # A mixture instead of one corpus: ('NAME=SPEC[,weight=W][,field=F][,format=X]', ...),
+  # each source prepared on its own with one shared vocabulary, and the rows of every
+  # batch drawn so that source i gives a share p_i ∝ weight_i * tokens_i ** temperature
+  # of the tokens (data/mixture.py, docs/corpora.md).
+  c.sources = ()
+  c.temperature = 0.0
   # '' = train a vocabulary on the corpus; a vocab.txt (WordPiece) or a HuggingFace
   # tokenizer.json (BPE, e.g. a published ModernBERT's: its own normalizer decides casing).
   c.vocab_file = ""

@@ -22,7 +22,7 @@ from bert_jax.parallel import sharding
 from bert_jax.storage import fs, mirror, outputs, workdir_lock
 from bert_jax.storage.workdir import Workdir
 from bert_jax.model import precision
-from bert_jax.train import compile_cache, data_setup, goodput, init_from
+from bert_jax.train import compile_cache, data_setup, goodput, init_from, mixture_run
 from bert_jax.errors import BertJaxError, ConfigError, check_stop
 from bert_jax.eval import training_probes as probes
 from bert_jax.train.eval_report import describe_eval
@@ -180,7 +180,8 @@ def _prepare(s: Settings, workdir: str, source) -> tuple:
     console.log(f"init_from: {source.describe()}")
   with (init_from.data_settings(s, source) if source is not None
         else contextlib.nullcontext((s.data, None))) as (data, ext):
-    prepared = data_setup.prepare_data(data, s.train.seq_lens, s.run.seed, workdir)
+    prepare = mixture_run.prepare if data.mixture else data_setup.prepare_data
+    prepared = prepare(data, s.train.seq_lens, s.run.seed, workdir)
   return prepared, ext
 
 

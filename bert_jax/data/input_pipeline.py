@@ -19,6 +19,7 @@ import numpy as np
 
 from bert_jax.errors import ConfigError, CorpusError
 from bert_jax.data.batch_ramp import BatchRamp
+from bert_jax.data.mixture import Mixture, read_examples
 from bert_jax.data.pretraining_data import FEATURES, Batch
 
 
@@ -31,19 +32,6 @@ def _check_hosts(global_batch_size: int, process_index: int, process_count: int)
     raise ConfigError(f"train.batch_size {global_batch_size} must be divisible by the "
                       f"number of hosts ({process_count})")
   return global_batch_size // process_count
-
-
-def _read(source: Any, indices: Sequence[int]) -> Batch:
-  """The examples at `indices` as one stacked Batch."""
-  indices = [int(i) for i in indices]
-  read_batch = getattr(source, "read_batch", None)
-  if read_batch is not None:  # dataset.ExampleSource decodes a whole batch at once
-    return read_batch(indices)
-  getitems = getattr(source, "__getitems__", None)
-  examples = list(getitems(indices)) if getitems else [source[i] for i in indices]
-  # Scalars may come back as Python ints (int64 once stacked): from_features casts.
-  return Batch.from_features({k: np.stack([np.asarray(e[k]) for e in examples])
-                              for k in FEATURES})
 
 
 class Streams:
@@ -93,6 +81,8 @@ class _Sampler:
     self.offset = offset
     self.seed = seed
     self.streams = streams
+    counts = getattr(source, "counts", None)  # a data/mixture.MixedSource: rows by weight
+    self.mixture = None if counts is None else Mixture(counts, seed)
     self._perms: dict[tuple[int, int], np.ndarray] = {}
     self._lock = threading.Lock()
 
@@ -103,9 +93,22 @@ class _Sampler:
       ramp, first, index, count = self.ramp
       local = ramp.size(first + batch) // count
       start = ramp.examples_before(first + batch) - ramp.examples_before(first)
-      return self._draw(0, self.n, start + index * local + np.arange(local, dtype=np.int64))
+      return self._rows(start + index * local + np.arange(local, dtype=np.int64))
     flat = batch * self.global_batch_size + self.offset + np.arange(self.local, dtype=np.int64)
-    return self._draw(0, self.n, flat)
+    return self._rows(flat)
+
+  def _rows(self, flat: np.ndarray) -> np.ndarray:
+    """Source indices of stream rows `flat`: one shuffled stream, or a mixture's draws
+    (data/mixture: each row's source and draw from its number; each source its epochs)."""
+    if self.mixture is None:
+      return self._draw(0, self.n, flat)
+    source, draws = self.mixture.assign(flat)
+    out = np.empty(len(flat), np.int64)
+    for i in np.unique(source):
+      sel = source == i
+      n = len(self.source.sources[int(i)])
+      out[sel] = self.source.offsets[i] + self._draw(-1 - int(i), n, draws[sel])
+    return out
 
   def _stream_indices(self, batch: int) -> np.ndarray:
     sub = self.global_batch_size // self.streams.count
@@ -131,17 +134,19 @@ class _Sampler:
     with self._lock:
       if (stream, epoch) not in self._perms:
         mine = [key for key in self._perms if key[0] == stream]
-        if len(mine) >= 2:  # only the current and next epoch are ever needed
+        if len(mine) >= 2:  # only the current and next epoch of a stream are ever needed
           self._perms.pop(min(mine))
-        # One stream (no `streams`) keeps the seeds it had before streams existed.
-        key = [self.seed % 2**63, epoch] if self.streams is None else (
+        # One stream (no `streams`) keeps the seeds it had before streams existed; a
+        # mixture's source i is stream -1-i, seeded apart (data/mixture).
+        key = [self.seed % 2**63, epoch] if self.streams is None and stream == 0 else (
+            self.mixture.draw_key(-1 - stream, epoch) if stream < 0 else
             [self.seed % 2**63, stream, epoch])
         dtype = np.int32 if n < 2**31 else np.int64
         self._perms[(stream, epoch)] = np.random.default_rng(key).permutation(n).astype(dtype)
       return self._perms[(stream, epoch)]
 
   def make(self, batch: int) -> Batch:
-    return _read(self.source, self.batch_indices(batch))
+    return read_examples(self.source, self.batch_indices(batch))
 
 
 def _streams(source: Any, global_batch_size: int, count: int, offset: int, local: int,
@@ -260,6 +265,10 @@ class TrainIterator:
     return self._position * self._sampler.global_batch_size / self._sampler.n
 
   @property
+  def source(self) -> Any:
+    return self._sampler.source
+
+  @property
   def num_examples(self) -> int:
     return self._sampler.n
 
@@ -335,7 +344,7 @@ def _eval_batches(source: Any, global_batch_size: int, local: int,
     indices = list(range(first, min(first + local, n)))
     real = len(indices)
     # Padding repeats the first example, then is zeroed: the same dtypes and shapes.
-    batch = _read(source, indices + [0] * (local - real))
+    batch = read_examples(source, indices + [0] * (local - real))
     mask = np.zeros(local, np.float32)
     mask[:real] = 1.0
     keep = lambda x: np.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)) > 0, x, 0).astype(x.dtype)

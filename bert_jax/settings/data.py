@@ -18,6 +18,52 @@ TOKENIZERS = ("wordpiece", "bpe")  # `config.data.tokenizer`: the kind of a trai
 
 
 @dataclasses.dataclass(frozen=True)
+class SourceSettings:
+  """One source of a mixture (`config.data.sources`): a corpus spec and its share."""
+  name: str
+  corpus: str
+  weight: float = 1.0
+  field: str = "text"
+  format: str = "auto"
+
+
+_SOURCE_KEYS = ("weight", "field", "format")
+_SOURCE_FORM = ("'NAME=SPEC[,weight=W][,field=F][,format=X]', e.g. "
+                "'web=gs://b/fineweb/*.parquet,weight=0.7'")
+
+
+def parse_source(entry: str) -> SourceSettings:
+  """'NAME=SPEC[,weight=W][,field=F][,format=X]' -> SourceSettings (a spec holds no ',')."""
+  where = f"--config.data.sources entry {entry!r}"
+  if not isinstance(entry, str) or "=" not in entry:
+    raise ConfigError(f"{where}: expected {_SOURCE_FORM}")
+  name, _, rest = entry.partition("=")
+  spec, *options = rest.split(",")
+  if not name.strip() or not name.replace("_", "").replace("-", "").isalnum() or not spec:
+    raise ConfigError(f"{where}: expected a name of letters, digits, '_' or '-', then "
+                      f"'=' and a corpus: {_SOURCE_FORM}")
+  given: dict = {}
+  for option in options:
+    key, eq, value = option.partition("=")
+    if key not in _SOURCE_KEYS or not eq or key in given:
+      raise ConfigError(f"{where}: option {option!r}; expected each of "
+                        f"{', '.join(_SOURCE_KEYS)} at most once, as key=value")
+    given[key] = value
+  if "weight" in given:
+    raw = given["weight"]
+    try:
+      given["weight"] = float(raw)
+    except ValueError:
+      given["weight"] = float("nan")
+    if not 0 < given["weight"] < float("inf"):
+      raise ConfigError(f"{where}: weight={raw!r}; expected a positive number")
+  if given.get("format", "auto") not in FORMATS:
+    raise ConfigError(f"{where}: format={given['format']!r}; expected one of "
+                      f"{', '.join(FORMATS)}")
+  return SourceSettings(name.strip(), spec, **given)
+
+
+@dataclasses.dataclass(frozen=True)
 class DataSettings:
   """What data preparation reads (`config.data`, and `config.objective`)."""
   corpus: str = "builtin"
@@ -39,6 +85,9 @@ class DataSettings:
   streams: int = 1  # example streams (parts p with p % streams == s): how batches are drawn
   objective: str = "mlm+nsp"  # `config.objective`: which examples are made
   packing: bool = False  # 'mlm' rows hold several documents' spans (data/packing)
+  # A mixture (data/mixture): named sources, each prepared on its own, drawn by weight.
+  sources: tuple[str, ...] = ()
+  temperature: float = 0.0  # p_i ∝ weight_i * tokens_i ** temperature (0: the weights)
 
   @property
   def eval_passes(self) -> int:
@@ -75,6 +124,23 @@ class DataSettings:
                  "column (Parquet)")
     if self.tokenizer not in TOKENIZERS:
       raise fail("data.tokenizer", self.tokenizer, f"one of {', '.join(map(repr, TOKENIZERS))}")
+    if not isinstance(self.sources, (tuple, list)):
+      raise fail("data.sources", self.sources, f"a tuple of {_SOURCE_FORM}")
+    mixture = self.mixture  # parsed: a bad entry is one line now
+    if mixture and self.corpus != "builtin":
+      raise ConfigError(f"--config.data.corpus={self.corpus!r} and --config.data.sources: "
+                        "expected one of them (a mixture's corpora are its sources)")
+    if len({m.name for m in mixture}) != len(mixture):
+      raise fail("data.sources", tuple(self.sources), "each source's NAME once")
+    if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+        or not 0 <= self.temperature <= 1:
+      raise fail("data.temperature", self.temperature, "a number in [0, 1] (p_i ∝ weight_i * "
+                 "tokens_i ** temperature; 0 = the weights alone, 1 = the sizes)")
+    if mixture and self.streams != 1:
+      raise fail("data.streams", self.streams, "1 with --config.data.sources (a mixture "
+                 "draws each batch's rows by weight, not by stream)")
+    if mixture and self.max_documents:
+      raise fail("data.max_documents", self.max_documents, "0 with --config.data.sources")
     if self.vocab_sample_bytes < 1:
       raise fail("data.vocab_sample_bytes", self.vocab_sample_bytes, ">= 1")
     if not self.vocab_file and self.vocab_size < 1:
@@ -83,6 +149,17 @@ class DataSettings:
     if problem:
       raise ConfigError(f"--config.data.vocab_file: '{self.vocab_file}' {problem}; expected a "
                         "vocab.txt file (one token per line, or a HuggingFace tokenizer.json)")
+
+  @property
+  def mixture(self) -> tuple[SourceSettings, ...]:
+    """The parsed sources; () for a single corpus."""
+    return tuple(parse_source(e) for e in self.sources)
+
+  def of_source(self, source: SourceSettings, vocab_file: str) -> "DataSettings":
+    """The settings that prepare one source: its corpus, with the mixture's vocabulary."""
+    return dataclasses.replace(self, corpus=source.corpus, field=source.field,
+                               format=source.format, sources=(), temperature=0.0,
+                               vocab_file=vocab_file)
 
   @property
   def is_bpe(self) -> bool:  # a tokenizer.json given, or a vocabulary trained as 'bpe'
@@ -104,4 +181,5 @@ def data_settings(config: ml_collections.ConfigDict) -> DataSettings:
   """The checked data settings of `config` alone: what `dataset.prepare` takes."""
   data = config.data.to_dict()
   data.pop("extend_vocab", None)  # read by InitSettings: it changes the vocabulary file
+  data["sources"] = tuple(data.get("sources") or ())
   return DataSettings(**data, objective=config.get("objective", "mlm+nsp"))

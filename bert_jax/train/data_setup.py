@@ -142,7 +142,7 @@ def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_di
       mine, error = _failure(e), e
   # Every process waits here for process 0's vocabulary, and a failure there
   # stops them all instead of leaving them blocked in the next collective.
-  msg = json.loads(_broadcast_from_process_0(json.dumps(mine)))
+  msg = json.loads(broadcast_from_process_0(json.dumps(mine)))
   if error is not None:
     raise error
   if "error" in msg:
@@ -159,7 +159,7 @@ def _prepare_data_multiprocess(data: DataSettings, seq_lens: list[int], cache_di
     where = _agree(lambda: dataset.prepare_parts(data, seq_lens, cache_dir, seed, share,
                                                  tokenizer))
     directory = _agree(lambda: dataset.finish(data, seq_lens, where, seed) if me == 0 else "")
-    directory = _broadcast_from_process_0(directory)
+    directory = broadcast_from_process_0(directory)
     return dataset.load(directory, sorted(set(seq_lens)))
   if data.streams % count == 0 and data.streams > 1:
     if msg["parts"] < data.streams:
@@ -252,7 +252,7 @@ def _agree(fn: Callable):
   return result
 
 
-def _broadcast_from_process_0(text: str) -> str:
+def broadcast_from_process_0(text: str) -> str:
   """Process 0's `text` on every process (a collective: all must call it)."""
   data = np.frombuffer(text.encode(), np.uint8)
   n = int(multihost_utils.broadcast_one_to_all(np.int32(data.size)))

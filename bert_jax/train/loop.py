@@ -31,7 +31,7 @@ from bert_jax.parallel import sharding
 from bert_jax.data.dataset import Prepared
 from bert_jax.errors import NonFiniteError, Preempted
 from bert_jax.train.preemption import StopSignals
-from bert_jax.train import spikes
+from bert_jax.train import mixture_run, spikes
 from bert_jax.train.hooks import Hooks, LogPoint
 from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState
@@ -74,6 +74,10 @@ class TrainLoop:
                               sharding.batch_unit(steps.mesh, t.grad_accum_steps))
     self._pending: list = []  # the metrics of the steps since the last log point
     self._observed = 0  # how many of them the spike detector has seen
+    first = prepared.train[settings.train.phases[0].seq_len] if prepared.train else None
+    # config.data.sources: the tokens drawn from each source (train/mixture_run)
+    self.mixture = (mixture_run.MixtureTokens(first)
+                    if getattr(first, "counts", None) is not None else None)
 
   def summary(self) -> Optional[str]:
     """The end-of-run line: average rates of this session's timed steps, compile times."""
@@ -162,6 +166,8 @@ class TrainLoop:
       self.hooks.close()
     if (line := self.summary()) is not None:
       console.log(line)
+    if self.mixture is not None and self.mixture.total.any():
+      console.log(f"mixture: tokens drawn this session: {self.mixture.describe()}")
 
   def _train_phase(self, phase: Phase, bar: tqdm) -> None:
     st, it = self.state, self._iterator(phase)
@@ -229,6 +235,8 @@ class TrainLoop:
     # This host's real tokens times the hosts: an estimate on several hosts, exact on one.
     interval.real_tokens += float(np.sum(local.input_mask_BxL)) * jax.process_count()
     interval.sequences += len(local.input_ids_BxL) * jax.process_count()
+    if self.mixture is not None:  # the batch's rows: their sources, from their numbers
+      self.mixture.add(it.source, it.batch_indices(it.position - 1), local.input_mask_BxL)
     return sharding.global_batch(local, self.steps.mesh)
 
   def _new_batch_size(self, step: int, phase: Phase) -> bool:
@@ -299,6 +307,8 @@ class TrainLoop:
                                                         sequences, phase)
     if self._planned:  # next to memory_peak_gib where the platform reports it
       m["memory_planned_gib"] = self._planned / 1024**3
+    if self.mixture is not None:
+      m |= self.mixture.metrics()
     point = LogPoint(step, seconds, n_steps, self._waits, self._data_wait)
     m |= self.hooks.on_log(point)
     self._waits = self._data_wait = 0.0

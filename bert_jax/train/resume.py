@@ -124,7 +124,9 @@ def check_same_phase(saved: Any, step: Any, s: Settings, workdir: str) -> None:
 
 
 # What makes a run's corpus and vocabulary; the other data fields may change on resume.
-_DATA_IDENTITY = ("corpus", "format", "max_documents", "lowercase")
+# A mixture's sources and temperature decide every batch's rows: a change is refused.
+_DATA_IDENTITY = ("corpus", "format", "field", "max_documents", "lowercase", "sources",
+                  "temperature")
 _TRAINED_VOCAB = ("vocab_size", "vocab_sample_bytes")  # only when no vocab_file is given
 
 
