@@ -586,3 +586,37 @@ def test_the_two_process_tests_retry_deletes_a_bucket_workdir_through_the_server
   assert multiprocess.launch_retrying({}, "logs", None, ROOT, ["gs://bkt/retried"]) == {}
   assert seen == [[], []]
   assert not server.objects(prefix="retried")
+
+
+def test_a_mixture_of_bucket_shards_trains_with_its_prepared_data_in_the_bucket(
+    server, tmp_path):
+  # Parquet shards by glob, a folder of .jsonl.zst shards, the cache in the bucket: the
+  # shards are listed and read from it, every source's preparation and the mixture's
+  # vocabulary are stored there, and a host that lost its disk resumes with them.
+  from bert_jax.storage import fs
+  from corpus_shapes import builtin_texts, write_jsonl, write_parquet
+  texts = builtin_texts()
+  for i in range(2):
+    local = write_parquet(str(tmp_path / f"web-{i}.parquet"), texts[i * 25:(i + 1) * 25])
+    fs.upload(local, f"gs://bkt/corpora/web/shard-{i}.parquet")
+    local = write_jsonl(str(tmp_path / f"code-{i}.jsonl"), texts[50 + i * 15:65 + i * 15], ".zst")
+    fs.upload(local, f"gs://bkt/corpora/code/shard-{i}.jsonl.zst")
+  sources = ("('web=gs://bkt/corpora/web/*.parquet,weight=0.7', "
+             "'code=gs://bkt/corpora/code,weight=0.3')")
+  env = {**soak_kill.subprocess_env(), "BERT_JAX_GCS_MIRROR": str(tmp_path / "mirror"),
+         "BERT_JAX_LOCAL_CACHE": str(tmp_path / "local")}
+  args = _gcs_args(str(tmp_path / "run"), "gs://bkt/mixprep", 8, **{
+      "data.corpus": "builtin", "data.sources": sources})
+  first = soak_kill.run_to_end(args, env)
+  assert "mixture: tokens drawn this session: web" in first.stdout
+  stored = fs.listdir("gs://bkt/mixprep")
+  assert sum(n.startswith("mixture-vocab-") for n in stored) == 1
+  keys = [n for n in stored if not n.startswith("mixture-vocab-")]
+  assert len(keys) == 2 and all(fs.exists(f"gs://bkt/mixprep/{k}/manifest.json") for k in keys)
+  # A new disk: no mirror, no local copy; the run goes on to 12 steps from the bucket's data.
+  shutil.rmtree(tmp_path / "mirror")
+  shutil.rmtree(tmp_path / "local")
+  again = soak_kill.run_to_end(_gcs_args(str(tmp_path / "run"), "gs://bkt/mixprep", 12, **{
+      "data.corpus": "builtin", "data.sources": sources}), env)
+  assert "resumed from" in again.stdout and "Preparing" not in again.stdout, again.stdout[-2000:]
+  assert "training a" not in again.stdout  # the vocabulary came from the bucket

@@ -40,7 +40,7 @@ def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
                  workdir: str) -> dataset.Prepared:
   """The prepared examples of every seq_len (prepared now if not stored yet)."""
   cache_dir = data.cache_dir or Workdir(workdir).prepared
-  data = _local_inputs(data)
+  data = local_inputs(data)
   local_copy = fs.local_copy_dir(cache_dir)
   if local_copy is not None:  # a bucket: prepared once into it, read from each host's copy
     return _check_streams(data, _prepare_through_bucket(data, seq_lens, seed, cache_dir,
@@ -50,7 +50,7 @@ def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
   return _check_streams(data, _prepare_data_multiprocess(data, seq_lens, cache_dir, seed))
 
 
-def _local_inputs(data: DataSettings) -> DataSettings:
+def local_inputs(data: DataSettings) -> DataSettings:
   """A corpus (file, glob or folder of objects) or vocabulary in a bucket, copied to this
   host's disk first (fs.local_mirror: only what is missing or changed), since the data
   code reads local files; the copies keep the objects' sizes and times, so the prepared

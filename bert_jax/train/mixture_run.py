@@ -33,6 +33,7 @@ from bert_jax.data import bpe, corpus, dataset, mixture
 from bert_jax.data.prep_store import STATS_FILE
 from bert_jax.errors import ConfigError
 from bert_jax.settings import DataSettings
+from bert_jax.settings.data import SourceSettings
 from bert_jax.storage import fs, outputs
 from bert_jax.storage.workdir import Workdir
 from bert_jax.train import data_setup
@@ -45,11 +46,14 @@ def prepare(data: DataSettings, seq_lens: list[int], seed: int,
   """The mixed data of every seq_len: each source prepared (if not stored) as a corpus
   of its own, all with one vocabulary."""
   sources = data.mixture
-  vocab_file = data.vocab_file or _vocabulary(data, seq_lens, seed, workdir)
+  # Bucket sources copied to this host first: the vocabulary's key and sample read them.
+  local = tuple(dataclasses.replace(s, corpus=data_setup.local_inputs(
+      dataclasses.replace(data, corpus=s.corpus, sources=())).corpus) for s in sources)
+  vocab_file = data.vocab_file or _vocabulary(data, local, seed, workdir)
   prepared = []
-  for src in sources:
+  for src, here in zip(sources, local):
     console.log(f"mixture source '{src.name}': {src.corpus}")
-    prepared.append(data_setup.prepare_data(data.of_source(src, vocab_file), seq_lens, seed,
+    prepared.append(data_setup.prepare_data(data.of_source(here, vocab_file), seq_lens, seed,
                                             workdir))
   return combine(data, prepared, seq_lens)
 
@@ -101,21 +105,30 @@ def _mean_tokens(source, directory: str, seq_len: int) -> float:
 # --- the vocabulary ---
 
 
-def _vocabulary(data: DataSettings, seq_lens: list[int], seed: int, workdir: str) -> str:
-  """The path of the mixture's trained vocabulary on this host (made by process 0)."""
+def _vocabulary(data: DataSettings, sources: Sequence[SourceSettings], seed: int,
+                workdir: str) -> str:
+  """The path of the mixture's trained vocabulary on this host (made by process 0). On a
+  bucket cache it is kept in the bucket too: a host that lost its disk gets the same one
+  (a WordPiece vocabulary trained again can differ: huggingface/tokenizers#1794)."""
   cache_dir = data.cache_dir or Workdir(workdir).prepared
-  home = fs.local_copy_dir(cache_dir) or cache_dir  # a bucket cache: this host's copy of it
-  sources = data.mixture
+  home = fs.local_copy_dir(cache_dir) or os.path.abspath(cache_dir)
   settings = [data.of_source(s, "") for s in sources]
   key = hashlib.sha256(json.dumps([[dataset.key(c, seed) for c in settings],
                                    [s.weight for s in sources]]).encode()).hexdigest()[:12]
-  where = os.path.join(os.path.abspath(home), f"mixture-vocab-{key}")
+  folder = f"mixture-vocab-{key}"
   name = bpe.TOKENIZER_JSON if data.tokenizer == bpe.KIND else "vocab.txt"
+  where = os.path.join(home, folder)
   path = os.path.join(where, name)
+  remote = fs.join(cache_dir, folder, name) if fs.is_gcs(cache_dir) else None
   text = ""
   if jax.process_index() == 0:
+    if not os.path.isfile(path) and remote and fs.exists(remote):
+      os.makedirs(where, exist_ok=True)
+      fs.download(remote, path)
     if not os.path.isfile(path):
       _train(data, settings, seed, where)
+      if remote:
+        fs.upload(path, remote)
     text = fs.read_text(path)
   if jax.process_count() > 1:
     text = data_setup.broadcast_from_process_0(text)
