@@ -111,7 +111,8 @@ def _vocabulary(data: DataSettings, sources: Sequence[SourceSettings], seed: int
   bucket cache it is kept in the bucket too: a host that lost its disk gets the same one
   (a WordPiece vocabulary trained again can differ: huggingface/tokenizers#1794)."""
   cache_dir = data.cache_dir or Workdir(workdir).prepared
-  home = fs.local_copy_dir(cache_dir) or os.path.abspath(cache_dir)
+  copy = fs.local_copy_dir(cache_dir)  # a bucket cache: this host's copy of it
+  home = copy or os.path.abspath(cache_dir)
   settings = [data.of_source(s, "") for s in sources]
   key = hashlib.sha256(json.dumps([[dataset.key(c, seed) for c in settings],
                                    [s.weight for s in sources]]).encode()).hexdigest()[:12]
@@ -119,7 +120,7 @@ def _vocabulary(data: DataSettings, sources: Sequence[SourceSettings], seed: int
   name = bpe.TOKENIZER_JSON if data.tokenizer == bpe.KIND else "vocab.txt"
   where = os.path.join(home, folder)
   path = os.path.join(where, name)
-  remote = fs.join(cache_dir, folder, name) if fs.is_gcs(cache_dir) else None
+  remote = fs.join(cache_dir, folder, name) if copy is not None else None
   text = ""
   if jax.process_index() == 0:
     if not os.path.isfile(path) and remote and fs.exists(remote):
