@@ -7,7 +7,8 @@ of 16 to 64 MiB, about TARGET_PARTS of them: enough that workers finish
 together, few enough that shard files stay few), and each cut moved forward
 to the next document boundary (after a blank line for `plain`, after a line end
 for `tab` and `jsonl`, at a row group's start for `parquet`; a file's end always is
-one; a compressed file is never cut inside, as its stream is read from its start). So
+one; a compressed file is never cut inside, as its stream is read from its start, and
+counts as COMPRESSED_WORK times its bytes, about the text inside). So
 the documents of the parts, read in
 part order, are the documents of the corpus read whole; only the part-local
 seeds and windows (see `prep_write`) depend on the cuts, and the cuts on the
@@ -87,7 +88,7 @@ def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
   if not corpus.is_files(spec) or max_documents:
     return [Part(0, 1, (), _size(spec))]
   paths = corpus.files(spec)
-  sizes = [os.path.getsize(p) for p in paths]
+  sizes = [work_size(p, os.path.getsize(p)) for p in paths]
   if sum(sizes) <= part_bytes_limit():
     return [Part(0, 1, (), sum(sizes))]
   step = part_bytes(sum(sizes))
@@ -110,13 +111,25 @@ def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
           for i, r in enumerate(ranges)]
 
 
+# A compressed file counts as this many times its bytes when parts are sized: about the
+# text inside (zstd and gzip shrink web text 3 to 5 times), so a part of compressed
+# shards is about as much work as one of text. Fixed, so parts depend on the corpus alone.
+COMPRESSED_WORK = 4
+
+
+def work_size(path: str, size: int) -> int:
+  """A file's size as parts count it: its bytes, or COMPRESSED_WORK times them."""
+  compressed = records.compression(records.head(path)) is not None
+  return size * COMPRESSED_WORK if compressed else size
+
+
 class _File:
   """Where a corpus file can be cut, in its own coordinates: bytes (at document
   boundaries) for text and JSONL; row groups for Parquet; nowhere inside for a
   compressed file (a stream is read from its start), which is one range whole."""
 
   def __init__(self, path: str, size: int, fmt: str):
-    self.path, self.size = path, size
+    self.path, self.size = path, size  # `work_size`: a compressed file's is an estimate
     self.compressed = records.compression(records.head(path)) is not None
     self.groups: list[int] | None = None  # a Parquet file's row group offsets
     if fmt == "parquet" and records.is_parquet(path):
@@ -157,7 +170,8 @@ def _tfds_parts(n: int) -> list[Part]:
 
 
 def _size(spec: str) -> int:
-  return sum(os.path.getsize(p) for p in corpus.files(spec)) if corpus.is_files(spec) else 0
+  return sum(work_size(p, os.path.getsize(p)) for p in corpus.files(spec)) if corpus.is_files(
+      spec) else 0
 
 
 def _ranges(layout: list[_File], a: tuple[int, int], b: tuple[int, int]) -> list[Range]:
