@@ -61,6 +61,14 @@ def _examples_hash(directory: str) -> str:
   return h.hexdigest()[:16]
 
 
+def _cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+      return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  except (OSError, StopIteration):
+    return platform.processor() or platform.machine()
+
+
 def _disk_mib(spec: str) -> float:
   return sum(os.path.getsize(p) for p in corpus.files(spec)) / 2**20
 
@@ -76,7 +84,7 @@ def main(argv=None) -> None:
   workers = [int(w) for w in args.workers.split(",")]
   prep_parts.PART_BYTES = int(args.part_mib * 2**20)
   prep_parts.MIN_PART_BYTES = min(prep_parts.MIN_PART_BYTES, prep_parts.PART_BYTES)
-  print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+  print(f"{_cpu_model()}, {os.cpu_count()} cores"
         + (f"; {max(workers)} busy processes get {parallel_capacity(max(workers)):.2f} cores"
            if max(workers) > 1 else ""), flush=True)
   with tempfile.TemporaryDirectory(prefix="bert_jax_formats_") as tmp:

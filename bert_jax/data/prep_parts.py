@@ -7,8 +7,9 @@ of 16 to 64 MiB, about TARGET_PARTS of them: enough that workers finish
 together, few enough that shard files stay few), and each cut moved forward
 to the next document boundary (after a blank line for `plain`, after a line end
 for `tab` and `jsonl`, at a row group's start for `parquet`; a file's end always is
-one; a compressed file is never cut inside, as its stream is read from its start, and
-counts as COMPRESSED_WORK times its bytes, about the text inside). So
+one; a compressed file is never cut inside, as its stream is read from its start).
+Sizes count the text inside (`work_size`): a compressed file's bytes times
+COMPRESSED_WORK, a Parquet file's uncompressed row groups. So
 the documents of the parts, read in
 part order, are the documents of the corpus read whole; only the part-local
 seeds and windows (see `prep_write`) depend on the cuts, and the cuts on the
@@ -118,9 +119,12 @@ COMPRESSED_WORK = 4
 
 
 def work_size(path: str, size: int) -> int:
-  """A file's size as parts count it: its bytes, or COMPRESSED_WORK times them."""
-  compressed = records.compression(records.head(path)) is not None
-  return size * COMPRESSED_WORK if compressed else size
+  """A file's size as parts count it, about the text inside: its bytes; COMPRESSED_WORK
+  times them for a compressed file; a Parquet file's row groups' uncompressed bytes."""
+  first = records.head(path)
+  if first.startswith(records.PARQUET_MAGIC):
+    return max(sum(records.row_group_sizes(path)), 1)
+  return size * COMPRESSED_WORK if records.compression(first) is not None else size
 
 
 class _File:
@@ -131,9 +135,10 @@ class _File:
   def __init__(self, path: str, size: int, fmt: str):
     self.path, self.size = path, size  # `work_size`: a compressed file's is an estimate
     self.compressed = records.compression(records.head(path)) is not None
-    self.groups: list[int] | None = None  # a Parquet file's row group offsets
+    self.groups: list[int] | None = None  # where a Parquet file's row groups start, in work
     if fmt == "parquet" and records.is_parquet(path):
-      self.groups, _ = records.row_group_offsets(path)
+      sizes = records.row_group_sizes(path) or [0]  # no group: one range, whose read says so
+      self.groups = [sum(sizes[:g]) for g in range(len(sizes))]
     self.fmt = fmt
     self.extent = len(self.groups) if self.groups is not None else size
 
@@ -151,7 +156,7 @@ class _File:
     if self.groups is None:
       return (self.size if end is None else end) - start
     at = lambda g: self.size if g is None or g >= len(self.groups) else self.groups[g]
-    return at(end) - (0 if start == 0 else at(start))
+    return at(end) - at(start)
 
 
 def part_bytes(total: int) -> int:

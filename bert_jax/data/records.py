@@ -50,6 +50,7 @@ SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
 # Control characters other than tab/newline (NUL, C1, DEL...): dropped, not fatal.
 CONTROL_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff]")
 _SURROGATES = re.compile("[\ud800-\udfff]")
+_ODD = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ufeff\ud800-\udfff]")
 
 
 def head(path: str, n: int = 8) -> bytes:
@@ -183,14 +184,20 @@ class _Decompressed(io.RawIOBase):
 def record_documents(text: str, stats: Any, where: str) -> Iterator[list[str]]:
   """The document(s) of one record's text: its non-blank lines, or the sentences of its
   one line; a document over MAX_DOCUMENT_CHARS or MAX_DOCUMENT_SENTENCES is cut in several."""
-  if _SURROGATES.search(text):  # "\udc80" in JSON: not text, and not encodable as UTF-8
-    text, n = _SURROGATES.subn("\ufffd", text)
-    stats.note("invalid_utf8", where, n)
-  if CONTROL_CHARS.search(text):
-    text, n = CONTROL_CHARS.subn("", text)
-    stats.note("control_chars", where, n)
-  lines = [" ".join(l.split()) for l in text.split("\n")]
-  lines = [l for l in lines if l]
+  if "\r" in text:  # line ends as in text files: CRLF and CR are line ends
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+  if _ODD.search(text):  # one search for both: most records have neither
+    if _SURROGATES.search(text):  # "\udc80" in JSON: not text, and not encodable as UTF-8
+      text, n = _SURROGATES.subn("\ufffd", text)
+      stats.note("invalid_utf8", where, n)
+    if CONTROL_CHARS.search(text):
+      text, n = CONTROL_CHARS.subn("", text)
+      stats.note("control_chars", where, n)
+  lines = []
+  for line in text.split("\n"):  # as a text file's line: stripped, runs of spaces joined
+    line = line.strip()
+    if line:
+      lines.append(" ".join(line.split()) if "  " in line or "\t" in line else line)
   if len(lines) == 1:
     lines = [s for s in SENTENCE_END.split(lines[0]) if s]
   doc: list[str] = []
@@ -306,21 +313,10 @@ def parquet_column(pf: Any, field: str, path: str) -> None:
                       "(the records' text)")
 
 
-def row_group_offsets(path: str) -> tuple[list[int], int]:
-  """Where each row group of a Parquet file starts (bytes), and the number of groups."""
+def row_group_sizes(path: str) -> list[int]:
+  """The uncompressed bytes of each row group of a Parquet file (from its footer)."""
   meta = parquet_file(path).metadata
-  starts = []
-  for g in range(meta.num_row_groups):
-    rg = meta.row_group(g)
-    starts.append(min(_chunk_start(rg.column(c)) for c in range(rg.num_columns))
-                  if rg.num_columns else 0)
-  return starts, meta.num_row_groups
-
-
-def _chunk_start(col: Any) -> int:
-  if col.has_dictionary_page and col.dictionary_page_offset:
-    return min(col.dictionary_page_offset, col.data_page_offset)
-  return col.data_page_offset
+  return [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
 
 
 def parquet_documents(path: str, field: str, stats: Any, start: int = 0,
