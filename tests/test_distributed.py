@@ -287,3 +287,30 @@ def test_a_failure_on_process_0_stops_both_processes_with_one_line_errors(tmp_pa
     errors = [l for l in err.splitlines() if l.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "missing.txt" in errors[0], _report(results)
   assert "process 0" in results["process1"][2]
+
+
+def test_a_mixture_on_two_processes_of_4_devices_trains_as_one_of_8(tmp_path):
+  # A Parquet and a .jsonl.zst source on a shared cache: the vocabulary process 0 trains
+  # (here the one-process run's, found in the cache) and every source's preparation are
+  # shared, and the rows drawn by weight are the same for any process count.
+  from corpus_shapes import builtin_texts, write_jsonl, write_parquet
+  texts = builtin_texts()
+  web = write_parquet(str(tmp_path / "web.parquet"), texts[:50], row_group_size=8)
+  code = write_jsonl(str(tmp_path / "code.jsonl"), texts[50:], ".zst")
+  mix = ["--config.data.corpus=builtin",
+         f"--config.data.sources=('web={web},weight=0.7', 'code={code},weight=0.3')"]
+  cache, xla = str(tmp_path / "prepared"), str(tmp_path / "xla")
+  one, two = str(tmp_path / "one"), str(tmp_path / "two")
+  args, devices = _one_process(one, HALF, 8, cache)
+  _run({"one": ([*args, *mix], devices)}, str(tmp_path / "logs1"), xla)
+  launches = _two_processes(two, HALF, (cache, cache))
+  outs = _run({k: ([*a, *mix], d) for k, (a, d) in launches.items()}, str(tmp_path / "logs2"),
+              xla)
+  assert "mixture: tokens drawn this session: web" in outs["process0"]
+  rows = lambda w: {r["step"]: r for r in soak_kill.read_metrics(w) if r["split"] == "train"}
+  a, b = rows(one), rows(two)
+  assert sorted(a) == sorted(b) == list(range(1, HALF + 1))
+  for step in a:  # the same rows: each source's tokens exactly, the losses to rounding
+    assert [a[step][f"tokens_{n}"] for n in ("web", "code")] == [
+        b[step][f"tokens_{n}"] for n in ("web", "code")]
+    np.testing.assert_allclose(b[step]["loss"], a[step]["loss"], rtol=0, atol=1e-5)
