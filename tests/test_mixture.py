@@ -183,10 +183,13 @@ def test_a_temperature_outside_0_to_1_is_refused(temperature):
 
 
 @pytest.mark.slow
-def test_a_mixture_run_killed_twice_resumes_bit_for_bit_and_reports_its_sources(tmp_path):
-  # A Parquet source and a .jsonl.zst source, 2 phases (16 and 32 tokens), kill -9
-  # inside each phase: every checkpoint array and train row equals the straight run's.
+def test_a_modernbert_mixture_run_killed_twice_resumes_bit_for_bit_and_reports_its_sources(
+    tmp_path):
+  # configs/modernbert_tiny.py (packing, 30% masking) on a Parquet source and a
+  # .jsonl.zst source, 2 phases (32 and 64 tokens), kill -9 inside each phase: every
+  # checkpoint array and train row equals the straight run's.
   import json
+  import os
   import subprocess
   import sys
   import soak_kill
@@ -195,10 +198,21 @@ def test_a_mixture_run_killed_twice_resumes_bit_for_bit_and_reports_its_sources(
   web = write_parquet(str(tmp_path / "web.parquet"), texts[:50], row_group_size=8)
   code = write_jsonl(str(tmp_path / "code.jsonl"), texts[50:], ".zst")
   sources = f"('web={web},weight=0.7', 'code={code},weight=0.3')"
-  cache = str(tmp_path / "prepared")
   env = soak_kill.subprocess_env(str(tmp_path / "xla"))
-  args = lambda w, **kw: soak_kill.tiny_args(str(tmp_path / w), cache, 16, 2, **{
-      "data.corpus": "builtin", "data.sources": sources, "keep_checkpoints": 1000, **kw})
+  config = os.path.join(soak_kill.ROOT, "configs", "modernbert_tiny.py")
+
+  def args(workdir: str, **kw) -> list[str]:
+    fields = {"data.sources": sources, "data.cache_dir": str(tmp_path / "prepared"),
+              "data.dupe_factor": 2, "data.eval_dupe_factor": 1, "data.max_eval_examples": 64,
+              "model.num_layers": 2, "train.batch_size": 16, "train.num_steps": 16,
+              "train.warmup_steps": 2, "train.phase_fractions": (0.5, 0.5),
+              "train.seq_lens": (32, 64), "train.max_predictions": (10, 20), "log_every": 1,
+              "checkpoint_every": 4, "eval_every": 1000, "eval_batches": 1,
+              "keep_checkpoints": 1000, "probe.tasks": (), "progress_bar": False,
+              "plot": False, **kw}
+    return ["--config", config, "--workdir", str(tmp_path / workdir)] + [
+        f"--config.{k}={v}" for k, v in fields.items()]
+
   straight = soak_kill.run_to_end(args("straight"), env)
   assert "mixture: tokens drawn this session: web" in straight.stdout
   start = lambda: subprocess.Popen([sys.executable, f"{soak_kill.ROOT}/train.py",
@@ -212,9 +226,8 @@ def test_a_mixture_run_killed_twice_resumes_bit_for_bit_and_reports_its_sources(
           if r.get("split") == "train"]
   drawn = np.asarray([[r["tokens_web"], r["tokens_code"]] for r in rows]).sum(0)
   assert rows[-1]["token_share_asked_web"] == pytest.approx(0.7)
-  rows_drawn = 16 * 16
   share = drawn[0] / drawn.sum()
-  assert abs(share - 0.7) <= 4 * np.sqrt(0.7 * 0.3 / rows_drawn), share
+  assert abs(share - 0.7) <= 4 * np.sqrt(0.7 * 0.3 / (16 * 16)), share
 
   changed = sources.replace("0.7", "0.5")
   proc = subprocess.run([sys.executable, f"{soak_kill.ROOT}/train.py",
