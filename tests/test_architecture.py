@@ -124,7 +124,7 @@ def test_every_module_is_in_a_folder_with_rules_or_tells_the_run_story():
 
 
 # `python -m bert_jax.<name>`: a module of that name only hands over to commands/.
-ALIASES = ("probe", "finetune", "plan", "convert")
+ALIASES = ("probe", "finetune", "plan", "convert", "merge")
 
 
 def test_a_command_alias_only_hands_over_to_its_command():

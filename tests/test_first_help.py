@@ -19,6 +19,7 @@ COMMANDS = {
     "probe": [sys.executable, "-m", "bert_jax.probe"],
     "features": [sys.executable, "-m", "bert_jax.features"],
     "convert": [sys.executable, "-m", "bert_jax.convert"],
+    "merge": [sys.executable, "-m", "bert_jax.merge"],
 }
 
 

@@ -80,3 +80,8 @@ def probe() -> None:
 def plan() -> None:
   """`bert-jax-plan`."""
   run("plan")
+
+
+def merge() -> None:
+  """`bert-jax-merge`."""
+  run("merge")

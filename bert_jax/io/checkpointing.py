@@ -188,6 +188,17 @@ def _checkpoint_root(path: str) -> tuple[str, Optional[int]]:
   return path, None
 
 
+def complete_steps(path: str) -> tuple[str, list[int]]:
+  """(the checkpoints folder, its complete steps in order) of a workdir, its checkpoints/
+  folder or a step folder."""
+  root, _ = _checkpoint_root(path)
+  mngr = ocp.CheckpointManager(root, item_handlers=_handlers())
+  try:
+    return root, sorted(mngr.all_steps())
+  finally:
+    mngr.close()
+
+
 def restore_params(path: str, step: Optional[int] = None,
                    sharding: Optional[jax.sharding.Sharding] = None) -> tuple[Any, dict]:
   """Restores only the params (no optimizer state) and the meta of a checkpoint (with

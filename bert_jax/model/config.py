@@ -33,6 +33,13 @@ def splash_tiles_fit(seq_lens) -> bool:
                                 and n % SPLASH_TILE == 0 for n in seq_lens)
 
 
+# Fields that change how the model is computed (precision, kernels, dropout, memory), never
+# its parameters: a checkpoint resumes, and checkpoints merge, across them.
+RUNTIME_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "remat", "dropout_rng",
+                  "cpu_attention_layout", "attention_kernel", "remat_policy",
+                  "cpu_forward_dots", "attention_softmax")
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
   """The encoder's shape and numerics, for either family (`family`)."""

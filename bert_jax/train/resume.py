@@ -20,15 +20,13 @@ from bert_jax.storage import fs, outputs, workdir_lock
 from bert_jax.storage.workdir import Workdir
 from bert_jax.data import bpe
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError
-from bert_jax.model.config import BertConfig
+from bert_jax.model.config import RUNTIME_FIELDS, BertConfig
 from bert_jax.settings import Phase, Settings
 from bert_jax.settings.train import phases as settings_phases
 from bert_jax.train.steps import TrainSteps
 
 # May change between runs without changing the parameters.
-_FREE_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "remat", "dropout_rng",
-                      "cpu_attention_layout", "attention_kernel", "remat_policy",
-                      "cpu_forward_dots", "attention_softmax")
+_FREE_MODEL_FIELDS = RUNTIME_FIELDS
 
 
 @dataclasses.dataclass
