@@ -31,6 +31,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.init_from = ""  # '' = start from scratch; else the model to continue from
   c.data = _data()
   c.masking = _masking()
+  c.eval = ml_collections.ConfigDict()
+  # Evaluation masks at one fixed rate whatever the training rate, as ModernBERT, Ettin and
+  # mmBERT report MLM at 15%; 0 = the phase's training rate (its last, for a ramp).
+  c.eval.mask_prob = 0.15
   c.model = _model()
   c.train = _train()
   c.mesh = _mesh()
@@ -77,7 +81,7 @@ def _data() -> ml_collections.ConfigDict:
   # batch drawn so that source i gives a share p_i ∝ weight_i * tokens_i ** temperature
   # of the tokens (data/mixture.py, docs/corpora.md).
   c.sources = ()
-  c.temperature = 0.0
+  c.temperature = 0.0  # a mixture's p_i ∝ weight_i * tokens_i ** temperature (0: the weights)
   # '' = train a vocabulary on the corpus; a vocab.txt (WordPiece) or a HuggingFace
   # tokenizer.json (BPE, e.g. a published ModernBERT's: its own normalizer decides casing).
   c.vocab_file = ""
@@ -225,6 +229,9 @@ def _train() -> ml_collections.ConfigDict:
   # ModernBERT's context extension inside one run: the global layers' RoPE base in each
   # phase, e.g. (10000, 160000) with seq_lens (1024, 8192); () = model.global_rope_theta.
   c.phase_rope_thetas = ()
+  # The masking rate of each phase: a rate, or (start, end), a linear ramp over the phase
+  # (Ankner et al. 2023: 30% -> 15%), e.g. ((0.3, 0.15), 0.05); () = masking.mask_prob.
+  c.phase_mask_probs = ()
   return c
 
 

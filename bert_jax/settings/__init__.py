@@ -145,7 +145,7 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
       batch_size=t.batch_size, grad_accum_steps=t.grad_accum_steps,
       max_consecutive_nonfinite=t.max_consecutive_nonfinite,
       phases=phases(t.phase_fractions, t.seq_lens, t.max_predictions, t.num_steps,
-                    max_positions, t.get("phase_rope_thetas", ())),
+                    max_positions, t.get("phase_rope_thetas", ()), t.get("phase_mask_probs", ())),
       spike=SpikeSettings(**t.get("spike_rollback", ml_collections.ConfigDict()).to_dict()),
       ramp=BatchRampSettings(**t.get("batch_ramp", ml_collections.ConfigDict()).to_dict()))
   if train.ramp.start and not train.ramp.start < t.batch_size:
@@ -156,7 +156,8 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
                            for k, v in c.get("probe", ml_collections.ConfigDict()).items()})
   return Settings(
       data=data_settings(c),
-      masking=MaskingSettings(**c.masking.to_dict()),
+      masking=MaskingSettings(**c.masking.to_dict(),
+                              eval_mask_prob=c.get("eval", {}).get("mask_prob", 0.15)),
       model=model, optimizer=optimizer, train=train, mesh=MeshSettings(**c.mesh.to_dict()),
       run=run, config_json=c.to_json(), requested_dtype=requested_dtype, init=init, probe=probe,
       requested_attention_kernel=requested_kernel,

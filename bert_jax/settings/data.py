@@ -168,13 +168,22 @@ class DataSettings:
 
 @dataclasses.dataclass(frozen=True)
 class MaskingSettings:
-  """`config.masking`: the share of tokens chosen, and whole-word masking."""
+  """`config.masking`: the share of tokens chosen, and whole-word masking; and
+  `config.eval.mask_prob`, the share an evaluation masks (0: the phase's training rate)."""
   mask_prob: float = 0.15
   whole_word: bool = False
+  eval_mask_prob: float = 0.15
 
   def __post_init__(self):
     if not 0.0 < self.mask_prob < 1.0:
       raise fail("masking.mask_prob", self.mask_prob, "0 < p < 1")
+    if isinstance(self.eval_mask_prob, bool) or not isinstance(
+        self.eval_mask_prob, (int, float)) or not 0.0 <= self.eval_mask_prob < 1.0:
+      raise fail("eval.mask_prob", self.eval_mask_prob, "0 < p < 1, or 0 for the training rate")
+
+  def eval_rate(self, phase) -> float:
+    """The rate an evaluation in `phase` masks: eval.mask_prob, or the phase's last."""
+    return self.eval_mask_prob or phase.mask_prob_at(phase.end - 1, self.mask_prob)
 
 
 def data_settings(config: ml_collections.ConfigDict) -> DataSettings:

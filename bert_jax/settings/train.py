@@ -52,6 +52,18 @@ class Phase:
   seq_len: int
   max_predictions: int
   rope_theta: float = 0.0  # the global layers' RoPE base in this phase (0: the model's)
+  # The share of tokens masked: from mask_start at the phase's first step to mask_end at
+  # its last, linearly (equal: constant; 0: config.masking.mask_prob).
+  mask_start: float = 0.0
+  mask_end: float = 0.0
+
+  def mask_prob_at(self, step: int, default: float) -> float:
+    """The masking rate of `step` (closed form; the train step computes the same)."""
+    a, b = self.mask_start or default, self.mask_end or default
+    if a == b or self.end - self.start <= 1:
+      return a
+    return a + (b - a) * min(max(step - self.start, 0), self.end - self.start - 1) / (
+        self.end - self.start - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +86,12 @@ class TrainSettings:
 
 
 def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps: int,
-           max_positions: int, rope_thetas: tuple = ()) -> tuple[Phase, ...]:
+           max_positions: int, rope_thetas: tuple = (),
+           mask_probs: tuple = ()) -> tuple[Phase, ...]:
   """Splits `num_steps` into phases by fraction (the last one ends at num_steps)."""
   fractions, seq_lens, preds = tuple(fractions), tuple(seq_lens), tuple(max_predictions)
   thetas = _rope_thetas(tuple(rope_thetas), len(fractions))
+  masks = _mask_probs(tuple(mask_probs), len(fractions))
   if not (len(fractions) == len(seq_lens) == len(preds)) or not fractions:
     raise ConfigError("--config.train.phase_fractions, seq_lens and max_predictions: expected "
                       f"tuples of one equal length, got {fractions}, {seq_lens}, {preds}")
@@ -96,10 +110,29 @@ def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps:
                         f"expected seq_len >= {MIN_SEQ_LEN} and 0 < max_predictions <= seq_len")
     acc += f
     end = num_steps if i == len(fractions) - 1 else int(round(acc * num_steps))
-    out.append(Phase(i, start, end, int(seq_len), int(p), thetas[i]))
+    out.append(Phase(i, start, end, int(seq_len), int(p), thetas[i], *masks[i]))
     start = end
   # num_steps=0 (an evaluation of a continued run's source) keeps an empty first phase.
   return tuple(ph for ph in out if ph.end > ph.start) or tuple(out[:1])
+
+
+def _mask_probs(masks: tuple, n: int) -> list[tuple[float, float]]:
+  """`config.train.phase_mask_probs` as (start, end) per phase ((0, 0): masking.mask_prob).
+  An entry is a rate (constant) or (start, end), a linear ramp over the phase."""
+  if not masks:
+    return [(0.0, 0.0)] * n
+  rate = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1
+  out = []
+  for m in masks:
+    pair = tuple(m) if isinstance(m, (tuple, list)) else (m, m)
+    if len(pair) != 2 or not all(rate(v) for v in pair):
+      out = []
+      break
+    out.append((float(pair[0]), float(pair[1])))
+  if len(out) != n:
+    raise fail("train.phase_mask_probs", masks, f"() or {n} entries, one per phase, each a "
+               "rate in (0, 1) or a (start, end) ramp over the phase, e.g. '((0.3, 0.15), 0.05)'")
+  return out
 
 
 def _rope_thetas(thetas: tuple, n: int) -> tuple[float, ...]:

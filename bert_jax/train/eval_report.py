@@ -26,4 +26,13 @@ def describe_eval(ev: dict) -> str:
           f"{ev['mlm_best_constant_accuracy']:.4f}), "
           + "".join(f"{t.upper()} accuracy {ev[t + '_accuracy']:.4f}{pm(t)}, " for t in heads)
           + f"MLM loss {ev['mlm_loss']:.4f}"
-          + "".join(f", {t.upper()} loss {ev[t + '_loss']:.4f}" for t in heads))
+          + "".join(f", {t.upper()} loss {ev[t + '_loss']:.4f}" for t in heads)
+          + _rate(ev))
+
+
+def _rate(ev: dict) -> str:
+  """Where evaluation masks at another rate than training does at that step: both."""
+  asked, trained = ev.get("mask_prob"), ev.get("train_mask_prob")
+  if asked is None or trained is None or abs(asked - trained) < 1e-9:
+    return ""
+  return f" (masked at {asked:.0%}; training masks {trained:.0%})"

@@ -116,10 +116,12 @@ class TrainLoop:
   def evaluate(self, phase: Phase) -> dict:
     t0 = time.perf_counter()
     ev = self.steps.evaluate(self.state.params, self.eval_batches(phase),
-                             phase.max_predictions, self.s.run.eval_batches, phase.rope_theta)
+                             phase.max_predictions, self.s.run.eval_batches, phase.rope_theta,
+                             self.s.masking.eval_rate(phase))
     self.eval_s += time.perf_counter() - t0
     self.hooks.on_time("eval", time.perf_counter() - t0)
-    return ev
+    step = min(max(self.state.step - 1, phase.start), phase.end - 1)  # the last step trained
+    return ev | {"train_mask_prob": phase.mask_prob_at(step, self.s.masking.mask_prob)}
 
   def probe(self, step: int, phase: Phase) -> None:
     """Probes the current parameters (config.probe.tasks), as `phase` applies them, and
@@ -171,7 +173,7 @@ class TrainLoop:
 
   def _train_phase(self, phase: Phase, bar: tqdm) -> None:
     st, it = self.state, self._iterator(phase)
-    step_fn = self.steps.train_step_fn(phase.max_predictions, phase.rope_theta)
+    step_fn = self.steps.train_step_fn(phase.max_predictions, phase.rope_theta, phase)
     console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
                 f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
     self._pending, self._observed = [], 0
@@ -412,6 +414,7 @@ def _train_metrics(pending: list) -> dict:
   return summarize(sums) | {
       "loss": mean("loss"), "grad_norm": mean("grad_norm"),
       "learning_rate": float(rows[-1]["learning_rate"]),
+      "mask_prob": float(rows[-1]["mask_prob"]),
       "skipped_steps": float(rows[-1]["skipped_total"]),
       "nonfinite_streak": float(max(r["nonfinite_streak"] for r in rows))}
 

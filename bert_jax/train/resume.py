@@ -96,20 +96,29 @@ def check_same_recipe(saved: dict, ours: dict, ckpt_dir: str) -> None:
 
 
 def check_same_phase(saved: Any, step: Any, s: Settings, workdir: str) -> None:
-  """A run stopped inside a phase resumes at that phase's length: its data position is
-  a position among examples of that length (a changed `seq_lens` entry once went on at
-  the new length from the old one's position). Later phases may change."""
+  """A run stopped inside a phase resumes at that phase's length, predictions and masking
+  rates: its data position is a position among examples of that length (a changed
+  `seq_lens` entry once went on at the new length from the old one's position), and
+  its steps so far were masked at those rates. Later phases may change."""
   try:
     theirs = settings_phases(saved["phase_fractions"], saved["seq_lens"],
-                             saved["max_predictions"], saved["num_steps"], 1 << 30)
+                             saved["max_predictions"], saved["num_steps"], 1 << 30,
+                             mask_probs=saved.get("phase_mask_probs", ()))
   except (KeyError, TypeError, ValueError, ConfigError):  # an older meta: nothing to compare
     return
   inside = next((p for p in theirs if isinstance(step, int) and p.start < step < p.end), None)
   if inside is None:
     return
   ours = next((p for p in s.train.phases if p.start <= step < p.end), None)
-  if ours is None or (ours.seq_len, ours.max_predictions) != (inside.seq_len,
-                                                              inside.max_predictions):
+  what = lambda p: (p.seq_len, p.max_predictions)
+  rates = lambda p: (p.mask_start, p.mask_end)
+  if ours is not None and what(ours) == what(inside) and rates(ours) != rates(inside):
+    raise ConfigError(
+        f"--config.train.phase_mask_probs: --workdir {workdir} holds a run stopped at step "
+        f"{step}, inside its phase {inside.index} (masking {_rates(inside)}), and this config "
+        f"masks it {_rates(ours)}; expected the same until the phase ends (a later phase may "
+        "change), or another --workdir; nothing was written")
+  if ours is None or what(ours) != what(inside):
     now = (f"step {step} at length {ours.seq_len} with {ours.max_predictions} predictions"
            if ours else f"no step {step}")
     raise ConfigError(
@@ -119,6 +128,14 @@ def check_same_phase(saved: Any, step: Any, s: Settings, workdir: str) -> None:
         f"at length {inside.seq_len} with {inside.max_predictions} predictions), and this "
         f"config trains {now}; expected that phase's length and predictions until it ends "
         "(a later phase may change), or another --workdir; nothing was written")
+
+
+def _rates(phase: Phase) -> str:
+  if not phase.mask_start:
+    return "at masking.mask_prob"
+  if phase.mask_start == phase.mask_end:
+    return f"at {phase.mask_start:g}"
+  return f"from {phase.mask_start:g} to {phase.mask_end:g}"
 
 
 # What makes a run's corpus and vocabulary; the other data fields may change on resume.

@@ -35,7 +35,7 @@ from bert_jax.model.config import BertConfig
 from bert_jax.data.pretraining_data import Batch
 from bert_jax.settings.data import OBJECTIVES
 from bert_jax.data.tokenizer import CLS, PAD, SPECIAL_TOKENS
-from bert_jax.settings import MaskingSettings, OptimizerSettings, Settings
+from bert_jax.settings import MaskingSettings, OptimizerSettings, Phase, Settings
 
 # Metric prefix of the 2-way head's task per objective; None: MLM alone.
 HEAD_TASK = {"mlm+nsp": "nsp", "mlm": None, "mlm+sop": "sop"}
@@ -99,7 +99,7 @@ class TrainSteps:
     opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
     return params, opt_state
 
-  def _mask(self, key, batch: Batch, max_predictions):
+  def _mask(self, key, batch: Batch, max_predictions, mask_prob=None):
     # Prepared rows are padded with 0; a vocabulary whose [PAD] is another id (a published
     # ModernBERT's tokenizer.json) gets its own: padding is never a masking candidate and
     # the model sees what its reference would. With [PAD] = 0 nothing changes.
@@ -110,7 +110,8 @@ class TrainSteps:
     return masking.mask_tokens(
         key, ids_BxL, vocab_size=self.bert_config.vocab_size, mask_id=self.mask_id,
         special_ids=self.special_ids, max_predictions=max_predictions,
-        mask_prob=self.mask_prob, is_continuation_V=self.is_continuation)
+        mask_prob=self.mask_prob if mask_prob is None else mask_prob,
+        is_continuation_V=self.is_continuation)
 
   def config_at(self, phase_index: int) -> BertConfig:
     """The model config phase `phase_index` trains (its RoPE base; what its checkpoints'
@@ -169,18 +170,25 @@ class TrainSteps:
     (loss, (mlm, nsp), grads), _ = jax.lax.scan(body, zero, (jnp.arange(accum), micro_all))
     return (loss, (mlm, nsp)), grads
 
-  def train_step_fn(self, max_predictions: int, rope_theta: float = 0.0) -> Callable:
-    """The jitted step for one phase: (params, opt_state, step, batch) -> new state, metrics."""
-    key = ("train", max_predictions, rope_theta)
+  def train_step_fn(self, max_predictions: int, rope_theta: float = 0.0,
+                    phase: Optional[Phase] = None) -> Callable:
+    """The jitted step for one phase: (params, opt_state, step, batch) -> new state, metrics.
+    `phase` gives its masking rate (constant, or a ramp over its steps); None: the run's."""
+    ramp = None
+    if phase is not None:  # a constant rate's steps are shared by phases (one compile)
+      a, b = phase.mask_start or self.mask_prob, phase.mask_end or self.mask_prob
+      ramp = (phase.start, phase.end, a, b) if a != b else (0, 0, a, a)
+    key = ("train", max_predictions, rope_theta, ramp)
     if key in self._steps:
       return self._steps[key]
 
     def step_fn(params, opt_state, step, batch: Batch):
       key = jax.random.fold_in(self.train_key, step)
       mask_key, dropout_key = jax.random.split(key)
+      mask_prob = _mask_prob(ramp, step, self.mask_prob)
       # Mask the whole batch first: the loss is normalised by the global
       # number of predictions, so accumulated gradients equal one big batch.
-      masked = self._mask(mask_key, batch, max_predictions)
+      masked = self._mask(mask_key, batch, max_predictions, mask_prob)
       mlm_n = jnp.maximum(masked.weights_BxP.sum(), 1.0)
       nsp_n = float(batch.input_ids_BxL.shape[0])
       (loss, (mlm, nsp)), grads = self._grads(params, batch, masked, dropout_key, mlm_n, nsp_n,
@@ -194,7 +202,8 @@ class TrainSteps:
       metrics = {"loss": good(loss), "mlm_loss": good(mlm.loss),
                  "mlm_correct": good(mlm.correct), "mlm_count": good(mlm.count),
                  **self._head_sums(nsp, good), "grad_norm": good(optax.tree.norm(grads)),
-                 "learning_rate": self.schedule(step), "skipped": 1.0 - ok.astype(jnp.float32),
+                 "learning_rate": self.schedule(step), "mask_prob": jnp.float32(mask_prob),
+                 "skipped": 1.0 - ok.astype(jnp.float32),
                  "nonfinite_streak": opt_state.streak, "skipped_total": opt_state.skipped}
       return params, opt_state, metrics
 
@@ -228,15 +237,16 @@ class TrainSteps:
           [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(p)])))
     return bool(self._steps["finite"](params))
 
-  def eval_step_fn(self, max_predictions: int, rope_theta: float = 0.0) -> Callable:
-    key = ("eval", max_predictions, rope_theta)
+  def eval_step_fn(self, max_predictions: int, rope_theta: float = 0.0,
+                   mask_prob: Optional[float] = None) -> Callable:
+    key = ("eval", max_predictions, rope_theta, mask_prob)
     if key in self._steps:
       return self._steps[key]
     vocab = self.bert_config.padded_vocab_size
 
     def step_fn(params, index, batch: Batch):
       masked = self._mask(jax.random.fold_in(self.eval_key, index), batch,
-                          max_predictions)
+                          max_predictions, mask_prob)
       mlm, nsp = self._sums(params, batch, masked, None, deterministic=True,
                             rope_theta=rope_theta)
       # Label histogram: the best constant guess is the chance level to beat.
@@ -251,8 +261,11 @@ class TrainSteps:
     return jitted
 
   def evaluate(self, params, batches: Iterable[Batch], max_predictions: int,
-               max_batches: int = 0, rope_theta: float = 0.0) -> dict:
-    step = self.eval_step_fn(max_predictions, rope_theta)
+               max_batches: int = 0, rope_theta: float = 0.0,
+               mask_prob: Optional[float] = None) -> dict:
+    """Eval metrics over `batches`, masked at `mask_prob` (None: the run's rate), which
+    the result records as `mask_prob`."""
+    step = self.eval_step_fn(max_predictions, rope_theta, mask_prob)
     total = None
     for i, local in enumerate(batches):
       if max_batches and i >= max_batches:
@@ -265,7 +278,19 @@ class TrainSteps:
     counts = {f"{k}_count": float(t[f"{k}_count"]) for k in ("mlm", "nsp", "sop")
               if f"{k}_count" in t}  # for standard errors
     return summarize(t) | counts | {
-        "mlm_best_constant_accuracy": float(t["label_hist"].max() / max(t["mlm_count"], 1.0))}
+        "mlm_best_constant_accuracy": float(t["label_hist"].max() / max(t["mlm_count"], 1.0)),
+        "mask_prob": float(self.mask_prob if mask_prob is None else mask_prob)}
+
+
+def _mask_prob(ramp: Optional[tuple], step, default: float):
+  """The masking rate of `step`: a Python float where it is constant (the step as before
+  rates could change), else the linear ramp (start, end, first, last) over the phase's
+  steps, as settings.Phase.mask_prob_at computes it."""
+  if ramp is None or ramp[2] == ramp[3]:
+    return default if ramp is None else ramp[2]
+  start, end, a, b = ramp
+  frac = jnp.clip((step - start).astype(jnp.float32) / max(end - start - 1, 1), 0.0, 1.0)
+  return a + (b - a) * frac
 
 
 def planned_bytes(compiled) -> Optional[int]:
