@@ -82,6 +82,11 @@ def _data() -> ml_collections.ConfigDict:
   # of the tokens (data/mixture.py, docs/corpora.md).
   c.sources = ()
   c.temperature = 0.0  # a mixture's p_i ∝ weight_i * tokens_i ** temperature (0: the weights)
+  # A mixture per phase (a stage's data): the sources' weights in each phase, e.g.
+  # ((0.7, 0.3), (0.5, 0.5)), and each phase's temperature, e.g. (0.7, 0.5, 0.3)
+  # (mmBERT's annealing); () = the weights in data.sources and data.temperature.
+  c.phase_weights = ()
+  c.phase_temperatures = ()
   # '' = train a vocabulary on the corpus; a vocab.txt (WordPiece) or a HuggingFace
   # tokenizer.json (BPE, e.g. a published ModernBERT's: its own normalizer decides casing).
   c.vocab_file = ""

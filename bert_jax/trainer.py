@@ -180,8 +180,11 @@ def _prepare(s: Settings, workdir: str, source) -> tuple:
     console.log(f"init_from: {source.describe()}")
   with (init_from.data_settings(s, source) if source is not None
         else contextlib.nullcontext((s.data, None))) as (data, ext):
-    prepare = mixture_run.prepare if data.mixture else data_setup.prepare_data
-    prepared = prepare(data, s.train.seq_lens, s.run.seed, workdir)
+    if data.mixture:
+      prepared = mixture_run.prepare(data, s.train.seq_lens, s.run.seed, workdir,
+                                     s.train.phases)
+    else:
+      prepared = data_setup.prepare_data(data, s.train.seq_lens, s.run.seed, workdir)
   return prepared, ext
 
 

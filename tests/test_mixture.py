@@ -186,8 +186,9 @@ def test_a_temperature_outside_0_to_1_is_refused(temperature):
 def test_a_modernbert_mixture_run_killed_twice_resumes_bit_for_bit_and_reports_its_sources(
     tmp_path):
   # configs/modernbert_tiny.py (packing, 30% masking) on a Parquet source and a
-  # .jsonl.zst source, 2 phases (32 and 64 tokens), kill -9 inside each phase: every
-  # checkpoint array and train row equals the straight run's.
+  # .jsonl.zst source, 2 phases (32 and 64 tokens) with weights of their own (70/30, then
+  # 30/70), kill -9 inside each phase: every checkpoint array and train row equals the
+  # straight run's.
   import json
   import os
   import subprocess
@@ -209,7 +210,7 @@ def test_a_modernbert_mixture_run_killed_twice_resumes_bit_for_bit_and_reports_i
               "train.seq_lens": (32, 64), "train.max_predictions": (10, 20), "log_every": 1,
               "checkpoint_every": 4, "eval_every": 1000, "eval_batches": 1,
               "keep_checkpoints": 1000, "probe.tasks": (), "progress_bar": False,
-              "plot": False, **kw}
+              "plot": False, "data.phase_weights": ((0.7, 0.3), (0.3, 0.7)), **kw}
     return ["--config", config, "--workdir", str(tmp_path / workdir)] + [
         f"--config.{k}={v}" for k, v in fields.items()]
 
@@ -224,10 +225,12 @@ def test_a_modernbert_mixture_run_killed_twice_resumes_bit_for_bit_and_reports_i
 
   rows = [r for r in soak_kill.read_metrics(str(tmp_path / "straight"))
           if r.get("split") == "train"]
-  drawn = np.asarray([[r["tokens_web"], r["tokens_code"]] for r in rows]).sum(0)
-  assert rows[-1]["token_share_asked_web"] == pytest.approx(0.7)
-  share = drawn[0] / drawn.sum()
-  assert abs(share - 0.7) <= 4 * np.sqrt(0.7 * 0.3 / (16 * 16)), share
+  for phase, asked, steps in ((0, 0.7, range(1, 9)), (1, 0.3, range(9, 17))):
+    mine = [r for r in rows if r["step"] in steps]
+    drawn = np.asarray([[r["tokens_web"], r["tokens_code"]] for r in mine]).sum(0)
+    assert [r["token_share_asked_web"] for r in mine] == pytest.approx([asked] * len(mine))
+    share = drawn[0] / drawn.sum()
+    assert abs(share - asked) <= 4 * np.sqrt(asked * (1 - asked) / (8 * 16)), (phase, share)
 
   changed = sources.replace("0.7", "0.5")
   proc = subprocess.run([sys.executable, f"{soak_kill.ROOT}/train.py",
@@ -236,3 +239,32 @@ def test_a_modernbert_mixture_run_killed_twice_resumes_bit_for_bit_and_reports_i
   errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
   assert proc.returncode != 0 and len(errors) == 1 and "sources" in errors[0], proc.stderr[-800:]
   assert json.loads(open(tmp_path / "straight" / "metrics.jsonl").readlines()[-1])["step"] == 16
+
+
+def test_a_phase_s_weights_may_change_on_resume_before_it_starts_but_not_inside_it(tmp_path):
+  from bert_jax import settings as settings_lib
+  from bert_jax.train.resume import check_same_phase_mixture
+  import soak_kill
+
+  def settings(weights):
+    c = soak_kill.tiny_config(str(tmp_path), 12, 2, **{
+        "data.corpus": "builtin", "data.sources": ("a=x.txt", "b=y.txt"),
+        "data.phase_weights": weights})
+    return settings_lib.from_config(c), c.data.to_dict(), c.train.to_dict()
+
+  saved_settings, saved_data, saved_train = settings(((0.7, 0.3), (0.5, 0.5)))
+  later, _, _ = settings(((0.7, 0.3), (0.2, 0.8)))
+  check_same_phase_mixture(saved_data, saved_train, 3, later, "w")  # phase 1 not started
+  now, _, _ = settings(((0.6, 0.4), (0.5, 0.5)))
+  with pytest.raises(ConfigError, match="inside its phase 0") as e:
+    check_same_phase_mixture(saved_data, saved_train, 3, now, "w")
+  assert "(0.7, 0.3)" in str(e.value) and "(0.6, 0.4)" in str(e.value)
+
+
+def test_phase_weights_need_one_tuple_per_phase_of_one_weight_per_source():
+  with pytest.raises(ConfigError, match="data.phase_weights"):
+    DataSettings(sources=("a=x", "b=y"), phase_weights=((0.5,),))
+  with pytest.raises(ConfigError, match="data.phase_temperatures"):
+    DataSettings(sources=("a=x", "b=y"), phase_temperatures=(2.0,))
+  with pytest.raises(ConfigError, match="without --config.data.sources"):
+    DataSettings(phase_weights=((0.5, 0.5),))

@@ -113,6 +113,15 @@ class MixedSource:
   names: list[str]
   shares: np.ndarray  # token shares p asked for
   counts: np.ndarray | None = None  # None: read in order (an eval split)
+  # Phases with a mixture of their own: phase index -> (shares, counts).
+  phases: dict = dataclasses.field(default_factory=dict)
+
+  def for_phase(self, phase: int) -> "MixedSource":
+    """The same sources drawn as phase `phase` asks (its weights and temperature)."""
+    if phase not in self.phases:
+      return self
+    shares, counts = self.phases[phase]
+    return MixedSource(self.sources, self.names, shares, counts)
 
   def __post_init__(self):
     self.offsets = np.concatenate([[0], np.cumsum([len(s) for s in self.sources])]).astype(

@@ -88,6 +88,10 @@ class DataSettings:
   # A mixture (data/mixture): named sources, each prepared on its own, drawn by weight.
   sources: tuple[str, ...] = ()
   temperature: float = 0.0  # p_i ∝ weight_i * tokens_i ** temperature (0: the weights)
+  # Per phase (a stage's mixture): the sources' weights, one tuple per phase, and the
+  # temperature, one per phase; () = the sources' weights and `temperature` throughout.
+  phase_weights: tuple = ()
+  phase_temperatures: tuple = ()
 
   @property
   def eval_passes(self) -> int:
@@ -136,6 +140,7 @@ class DataSettings:
         or not 0 <= self.temperature <= 1:
       raise fail("data.temperature", self.temperature, "a number in [0, 1] (p_i ∝ weight_i * "
                  "tokens_i ** temperature; 0 = the weights alone, 1 = the sizes)")
+    self._check_phase_mixture(mixture)
     if mixture and self.streams != 1:
       raise fail("data.streams", self.streams, "1 with --config.data.sources (a mixture "
                  "draws each batch's rows by weight, not by stream)")
@@ -150,6 +155,30 @@ class DataSettings:
       raise ConfigError(f"--config.data.vocab_file: '{self.vocab_file}' {problem}; expected a "
                         "vocab.txt file (one token per line, or a HuggingFace tokenizer.json)")
 
+  def _check_phase_mixture(self, mixture: tuple) -> None:
+    if (self.phase_weights or self.phase_temperatures) and not mixture:
+      raise fail("data.phase_weights", tuple(self.phase_weights), "() without "
+                 "--config.data.sources (they weigh a mixture's sources in each phase)")
+    positive = lambda w: (isinstance(w, (int, float)) and not isinstance(w, bool)
+                          and 0 < w < float("inf"))
+    for weights in self.phase_weights:
+      if not isinstance(weights, (tuple, list)) or len(weights) != len(mixture) or not all(
+          positive(w) for w in weights):
+        raise fail("data.phase_weights", tuple(self.phase_weights), f"one tuple per phase of "
+                   f"{len(mixture)} positive weights, one per source in order, e.g. "
+                   f"'((0.7, 0.3), (0.5, 0.5))'")
+    for t in self.phase_temperatures:
+      if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1:
+        raise fail("data.phase_temperatures", tuple(self.phase_temperatures),
+                   "one number in [0, 1] per phase, e.g. '(0.7, 0.5, 0.3)'")
+
+  def phase_mix(self, phase: int) -> tuple[tuple[float, ...], float]:
+    """(the sources' weights, the temperature) of phase `phase`."""
+    weights = (tuple(self.phase_weights[phase]) if self.phase_weights
+               else tuple(m.weight for m in self.mixture))
+    temperature = self.phase_temperatures[phase] if self.phase_temperatures else self.temperature
+    return tuple(float(w) for w in weights), float(temperature)
+
   @property
   def mixture(self) -> tuple[SourceSettings, ...]:
     """The parsed sources; () for a single corpus."""
@@ -159,7 +188,7 @@ class DataSettings:
     """The settings that prepare one source: its corpus, with the mixture's vocabulary."""
     return dataclasses.replace(self, corpus=source.corpus, field=source.field,
                                format=source.format, sources=(), temperature=0.0,
-                               vocab_file=vocab_file)
+                               phase_weights=(), phase_temperatures=(), vocab_file=vocab_file)
 
   @property
   def is_bpe(self) -> bool:  # a tokenizer.json given, or a vocabulary trained as 'bpe'
@@ -190,5 +219,6 @@ def data_settings(config: ml_collections.ConfigDict) -> DataSettings:
   """The checked data settings of `config` alone: what `dataset.prepare` takes."""
   data = config.data.to_dict()
   data.pop("extend_vocab", None)  # read by InitSettings: it changes the vocabulary file
-  data["sources"] = tuple(data.get("sources") or ())
+  for k in ("sources", "phase_weights", "phase_temperatures"):
+    data[k] = tuple(tuple(v) if isinstance(v, list) else v for v in (data.get(k) or ()))
   return DataSettings(**data, objective=config.get("objective", "mlm+nsp"))

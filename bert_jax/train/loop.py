@@ -252,8 +252,11 @@ class TrainLoop:
     # restored exactly at the phase's start (a checkpoint at the previous phase's last
     # step holds that phase's position) starts at batch 0.
     st = self.state
+    source = self.prepared.train[phase.seq_len]
+    if hasattr(source, "for_phase"):  # a mixture: the phase's weights (data/mixture)
+      source = source.for_phase(phase.index)
     return input_pipeline.TrainIterator(
-        self.prepared.train[phase.seq_len], self.s.train.batch_size,
+        source, self.s.train.batch_size,
         seed=self.s.run.seed + phase.index, process_index=jax.process_index(),
         process_count=jax.process_count(),
         start_batch=st.position if st.step > phase.start else 0,

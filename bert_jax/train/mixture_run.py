@@ -32,7 +32,7 @@ from bert_jax import console
 from bert_jax.data import bpe, corpus, dataset, mixture
 from bert_jax.data.prep_store import STATS_FILE
 from bert_jax.errors import ConfigError
-from bert_jax.settings import DataSettings
+from bert_jax.settings import DataSettings, Phase
 from bert_jax.settings.data import SourceSettings
 from bert_jax.storage import fs, outputs
 from bert_jax.storage.workdir import Workdir
@@ -41,27 +41,29 @@ from bert_jax.train import data_setup
 _MEAN_SAMPLE = 16_384  # examples read to measure a source's mean tokens per example
 
 
-def prepare(data: DataSettings, seq_lens: list[int], seed: int,
-            workdir: str) -> dataset.Prepared:
+def prepare(data: DataSettings, seq_lens: list[int], seed: int, workdir: str,
+            phases: Sequence[Phase] = ()) -> dataset.Prepared:
   """The mixed data of every seq_len: each source prepared (if not stored) as a corpus
   of its own, all with one vocabulary."""
   sources = data.mixture
   # Bucket sources copied to this host first: the vocabulary's key and sample read them.
   local = tuple(dataclasses.replace(s, corpus=data_setup.local_inputs(
-      dataclasses.replace(data, corpus=s.corpus, sources=())).corpus) for s in sources)
+      data.of_source(s, data.vocab_file)).corpus) for s in sources)
   vocab_file = data.vocab_file or _vocabulary(data, local, seed, workdir)
   prepared = []
   for src, here in zip(sources, local):
     console.log(f"mixture source '{src.name}': {src.corpus}")
     prepared.append(data_setup.prepare_data(data.of_source(here, vocab_file), seq_lens, seed,
                                             workdir))
-  return combine(data, prepared, seq_lens)
+  return combine(data, prepared, seq_lens, phases)
 
 
 def combine(data: DataSettings, prepared: Sequence[dataset.Prepared],
-            seq_lens: Sequence[int]) -> dataset.Prepared:
+            seq_lens: Sequence[int], phases: Sequence[Phase] = ()) -> dataset.Prepared:
   """The sources' prepared data as one: per seq_len a MixedSource of their train splits
-  (drawn by weight) and of their eval splits (read in order)."""
+  (drawn by weight; each of `phases` by its own weights and temperature, where
+  data.phase_weights or data.phase_temperatures give them) and of their eval splits
+  (read in order)."""
   sources = data.mixture
   names = [s.name for s in sources]
   local = {p.local for p in prepared}
@@ -71,12 +73,20 @@ def combine(data: DataSettings, prepared: Sequence[dataset.Prepared],
                       "every host shares (or a bucket)")
   tokens = [_corpus_tokens(p.directory) for p in prepared]
   shares = mixture.token_shares([s.weight for s in sources], tokens, data.temperature)
-  train, eval_ = {}, {}
+  train, eval_, means = {}, {}, {}
   for l in sorted(set(seq_lens)):
-    means = [_mean_tokens(p.train[l], p.directory, l) for p in prepared]
-    counts = mixture.block_counts(mixture.row_shares(shares, means))
+    means[l] = [_mean_tokens(p.train[l], p.directory, l) for p in prepared]
+    counts = mixture.block_counts(mixture.row_shares(shares, means[l]))
     train[l] = mixture.MixedSource([p.train[l] for p in prepared], names, shares, counts)
     eval_[l] = mixture.MixedSource([p.eval[l] for p in prepared], names, shares)
+  if data.phase_weights or data.phase_temperatures:
+    for ph in phases:
+      weights, temperature = data.phase_mix(ph.index)
+      p = mixture.token_shares(weights, tokens, temperature)
+      train[ph.seq_len].phases[ph.index] = (
+          p, mixture.block_counts(mixture.row_shares(p, means[ph.seq_len])))
+      console.log(f"mixture in phase {ph.index}: tokens asked {mixture.describe(names, p)} "
+                  f"(temperature {temperature:g})")
   eval_sizes = None
   if prepared[0].eval_sizes is not None:
     eval_sizes = {l: [sum(x) for x in zip(*(p.eval_sizes[l] for p in prepared))]
@@ -170,14 +180,16 @@ class MixtureTokens:
   """Real tokens drawn from each source: this interval's, and the session's."""
 
   def __init__(self, source: mixture.MixedSource):
-    self.names, self.shares = source.names, source.shares  # the same at every seq_len
+    self.names, self.shares = source.names, source.shares  # the phase's (`add`)
     self.interval = np.zeros(len(source.names), np.float64)
     self.total = np.zeros(len(source.names), np.float64)
+    self.asked = np.zeros(len(source.names), np.float64)  # each interval's total by its shares
 
   def add(self, source: mixture.MixedSource, indices: np.ndarray,
           input_mask_BxL: np.ndarray) -> None:
     """A host's batch: its rows' indices in `source` (the phase's), and their masks."""
     which = source.source_of(indices)
+    self.shares = source.shares  # a phase may have a mixture of its own
     self.interval += np.bincount(which, weights=np.asarray(input_mask_BxL).sum(1),
                                  minlength=len(self.interval))
 
@@ -187,6 +199,7 @@ class MixtureTokens:
     if jax.process_count() > 1:
       drawn = np.asarray(multihost_utils.process_allgather(drawn)).reshape(-1, len(drawn)).sum(0)
     self.total += drawn
+    self.asked += drawn.sum() * np.asarray(self.shares)
     self.interval = np.zeros_like(self.interval)
     share = drawn / max(drawn.sum(), 1.0)
     out = {}
@@ -196,4 +209,4 @@ class MixtureTokens:
     return out
 
   def describe(self) -> str:
-    return mixture.describe(self.names, self.shares, self.total)
+    return mixture.describe(self.names, self.asked / max(self.asked.sum(), 1.0), self.total)

@@ -130,6 +130,31 @@ def check_same_phase(saved: Any, step: Any, s: Settings, workdir: str) -> None:
         "(a later phase may change), or another --workdir; nothing was written")
 
 
+def check_same_phase_mixture(saved_data: dict, saved_train: Any, step: Any, s: Settings,
+                             workdir: str) -> None:
+  """A mixture's weights and temperature per phase may change on resume for the phases
+  not started yet; the phase the run stopped inside keeps its own."""
+  if not (saved_data.get("phase_weights") or saved_data.get("phase_temperatures")
+          or s.data.phase_weights or s.data.phase_temperatures):
+    return  # one mixture for the whole run: data.sources and data.temperature are checked
+  try:
+    theirs = settings_phases(saved_train["phase_fractions"], saved_train["seq_lens"],
+                             saved_train["max_predictions"], saved_train["num_steps"], 1 << 30)
+    was = dataclasses.replace(s.data, phase_weights=tuple(
+        tuple(w) for w in saved_data.get("phase_weights", ())), phase_temperatures=tuple(
+            saved_data.get("phase_temperatures", ())), temperature=saved_data["temperature"])
+  except (KeyError, TypeError, ValueError, ConfigError):  # an older meta: nothing to compare
+    return
+  inside = next((p for p in theirs if isinstance(step, int) and p.start < step < p.end), None)
+  if inside is not None and was.phase_mix(inside.index) != s.data.phase_mix(inside.index):
+    (w0, t0), (w1, t1) = was.phase_mix(inside.index), s.data.phase_mix(inside.index)
+    raise ConfigError(
+        f"--config.data.phase_weights / phase_temperatures: --workdir {workdir} holds a run "
+        f"stopped at step {step}, inside its phase {inside.index}, which drew weights {w0} at "
+        f"temperature {t0:g}; this config asks {w1} at {t1:g}; expected the same until the "
+        "phase ends (a later phase may change), or another --workdir; nothing was written")
+
+
 def _rates(phase: Phase) -> str:
   if not phase.mask_start:
     return "at masking.mask_prob"
@@ -154,6 +179,7 @@ def check_same_data(s: Settings, workdir: str) -> None:
   saved = ((meta or {}).get("config") or {}).get("data")
   if not isinstance(saved, dict):
     return  # no checkpoint (or one of an older version): nothing to compare
+  check_same_phase_mixture(saved, meta["config"].get("train"), meta.get("step"), s, workdir)
   data = json.loads(s.config_json)["data"]
   both_files = bool(saved.get("vocab_file")) and bool(data.get("vocab_file"))
   fields = _DATA_IDENTITY + (() if both_files else ("vocab_file",)) + (
