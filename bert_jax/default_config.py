@@ -86,7 +86,7 @@ def _data() -> ml_collections.ConfigDict:
   # ((0.7, 0.3), (0.5, 0.5)), and each phase's temperature, e.g. (0.7, 0.5, 0.3)
   # (mmBERT's annealing); () = the weights in data.sources and data.temperature.
   c.phase_weights = ()
-  c.phase_temperatures = ()
+  c.phase_temperatures = ()  # each phase's temperature; () = data.temperature throughout
   # '' = train a vocabulary on the corpus; a vocab.txt (WordPiece) or a HuggingFace
   # tokenizer.json (BPE, e.g. a published ModernBERT's: its own normalizer decides casing).
   c.vocab_file = ""

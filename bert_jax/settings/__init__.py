@@ -103,6 +103,14 @@ def _check_paths(c: ml_collections.ConfigDict) -> None:
       check_path(f"--config.{name}", node)
 
 
+def _check_per_phase(c: ml_collections.ConfigDict, train: TrainSettings) -> None:
+  """Fields of `data` given per phase have one entry per phase."""
+  for name in ("phase_weights", "phase_temperatures"):
+    given = tuple(c.data.get(name, ()))
+    if given and len(given) != len(train.phases):
+      raise fail(f"data.{name}", given, f"() or {len(train.phases)} entries, one per phase")
+
+
 def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> Settings:
   """Checks `config` and returns its typed settings; raises ConfigError naming the field.
   `explicit`: the fields a command line set (settings.init: what a source must agree with)."""
@@ -148,10 +156,7 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
                     max_positions, t.get("phase_rope_thetas", ()), t.get("phase_mask_probs", ())),
       spike=SpikeSettings(**t.get("spike_rollback", ml_collections.ConfigDict()).to_dict()),
       ramp=BatchRampSettings(**t.get("batch_ramp", ml_collections.ConfigDict()).to_dict()))
-  for name in ("phase_weights", "phase_temperatures"):
-    given = tuple(c.data.get(name, ()))
-    if given and len(given) != len(train.phases):
-      raise fail(f"data.{name}", given, f"() or {len(train.phases)} entries, one per phase")
+  _check_per_phase(c, train)
   if train.ramp.start and not train.ramp.start < t.batch_size:
     raise fail("train.batch_ramp.start", train.ramp.start,
                 f"0 (off) or a global batch below --config.train.batch_size={t.batch_size}")
