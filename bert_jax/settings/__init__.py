@@ -103,8 +103,12 @@ def _check_paths(c: ml_collections.ConfigDict) -> None:
       check_path(f"--config.{name}", node)
 
 
-def _check_per_phase(c: ml_collections.ConfigDict, train: TrainSettings) -> None:
-  """Fields of `data` given per phase have one entry per phase."""
+def _check_train(c: ml_collections.ConfigDict, train: TrainSettings) -> None:
+  """The batch ramp starts below the batch; fields of `data` given per phase have one
+  entry per phase."""
+  if train.ramp.start and not train.ramp.start < train.batch_size:
+    raise fail("train.batch_ramp.start", train.ramp.start,
+               f"0 (off) or a global batch below --config.train.batch_size={train.batch_size}")
   for name in ("phase_weights", "phase_temperatures"):
     given = tuple(c.data.get(name, ()))
     if given and len(given) != len(train.phases):
@@ -156,10 +160,7 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
                     max_positions, t.get("phase_rope_thetas", ()), t.get("phase_mask_probs", ())),
       spike=SpikeSettings(**t.get("spike_rollback", ml_collections.ConfigDict()).to_dict()),
       ramp=BatchRampSettings(**t.get("batch_ramp", ml_collections.ConfigDict()).to_dict()))
-  _check_per_phase(c, train)
-  if train.ramp.start and not train.ramp.start < t.batch_size:
-    raise fail("train.batch_ramp.start", train.ramp.start,
-                f"0 (off) or a global batch below --config.train.batch_size={t.batch_size}")
+  _check_train(c, train)
   run = RunSettings(**_fields(RunSettings, c))
   probe = ProbeSettings(**{k: tuple(v) if isinstance(v, list) else v
                            for k, v in c.get("probe", ml_collections.ConfigDict()).items()})
