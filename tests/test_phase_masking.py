@@ -42,11 +42,18 @@ def _run(tmp_path, name, **extra):
 
 @pytest.mark.slow
 def test_a_run_trains_each_step_at_its_phase_rate_and_evaluates_at_15_percent(tmp_path):
-  train, evals = _run(tmp_path, "ramp", **{"train.phase_mask_probs": ((0.3, 0.15), 0.05)})
+  # With a learning-rate segment per phase too: constant, then a 1-sqrt decay to 0.1x.
+  train, evals = _run(tmp_path, "ramp", **{"train.phase_mask_probs": ((0.3, 0.15), 0.05),
+                                           "train.schedule": "phases",
+                                           "train.phase_lr": ("constant", "sqrt->0.1")})
   ph = phases((0.5, 0.5), (16, 32), (3, 5), STEPS, 64, mask_probs=((0.3, 0.15), 0.05))
+  lr, warm = 1e-3, 2  # configs/tiny.py's rate; tiny_run's warm-up
   for r in train:  # row `step` logs the step that ran as step - 1
-    phase = next(p for p in ph if p.start <= r["step"] - 1 < p.end)
-    assert r["mask_prob"] == pytest.approx(phase.mask_prob_at(r["step"] - 1, 0.15), abs=1e-6)
+    step = r["step"] - 1
+    phase = next(p for p in ph if p.start <= step < p.end)
+    assert r["mask_prob"] == pytest.approx(phase.mask_prob_at(step, 0.15), abs=1e-6)
+    want = lr if step < 6 else lr + (0.1 * lr - lr) * ((step - 6) / 6) ** 0.5
+    assert r["learning_rate"] == pytest.approx(want * min(1.0, step / warm), rel=1e-5)
   assert evals and {e["mask_prob"] for e in evals} == {0.15}
   # At the training rate instead (eval.mask_prob=0): 5% in the last phase, so fewer
   # predictions per evaluation than at 15% on the same examples.

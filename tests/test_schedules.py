@@ -128,3 +128,60 @@ def test_a_wsd_run_extended_from_its_stable_phase_continues_as_the_longer_run(tm
   # The short run decayed from step 12; the extended one, past its old decay, did not.
   peak = want[4]["learning_rate"]
   assert ended[14]["learning_rate"] < peak == got[14]["learning_rate"] == got[23]["learning_rate"]
+
+
+# --- 'phases': one segment per phase (the stages of ModernBERT, Ettin, mmBERT) ---
+
+BOUNDS = ((0, 60), (60, 90), (90, 100))
+
+
+def _phases_lr(segments, steps=range(0, 105)):
+  s = OptimizerSettings(learning_rate=LR, warmup_steps=WARM, num_steps=N, schedule="phases",
+                        phase_lr=segments, phase_bounds=BOUNDS)
+  f = schedules.make(s)
+  return np.array([float(f(t)) for t in steps])
+
+
+def test_phases_warm_up_hold_a_new_constant_then_decay_in_1_sqrt_at_every_step():
+  # ModernBERT: warm-up then constant 8e-4 (here LR), constant 3e-4 in the extension,
+  # then 1-sqrt down to 0.001 of it in the decay.
+  got = _phases_lr(("constant", "constant@1e-4", "sqrt->0.001"))
+  def want(t):
+    if t < 60:
+      return LR * min(1.0, t / WARM)
+    if t < 90:
+      return 1e-4
+    r1 = 1e-4 * 0.001
+    return 1e-4 + (r1 - 1e-4) * math.sqrt(min(1.0, (t - 90) / 10)) if t < 100 else r1
+  _close(got, [want(t) for t in range(0, 105)])
+
+
+@pytest.mark.parametrize("kind,shape", [
+    ("linear", lambda t: t), ("cosine", lambda t: (1 - math.cos(math.pi * t)) / 2),
+    ("sqrt", math.sqrt)])
+def test_a_decay_goes_from_the_rate_its_phase_starts_at_to_its_share(kind, shape):
+  # Ettin's extension: 1-sqrt to 0.5x, from the rate the first phase ends at.
+  got = _phases_lr(("linear->0.5", f"{kind}->0.5", "constant"))
+  first_end = LR * 0.5
+  def want(t):
+    if t < 60:  # the warm-up scales the segment's own rate
+      return (LR + (first_end - LR) * t / 60) * min(1.0, t / WARM)
+    if t < 90:
+      return first_end + (first_end * 0.5 - first_end) * shape((t - 60) / 30)
+    return first_end * 0.5
+  _close(got, [want(t) for t in range(0, 105)])
+
+
+@pytest.mark.parametrize("segments,says", [
+    (("constant", "constant", "bogus"), "KIND"), (("constant->0.5",), "KIND"),
+    (("sqrt",), "end ratio"), (("sqrt->2",), "[0, 1]"), (("constant@-1",), "KIND"),
+    (("constant", "constant"), "3 segments, one per phase")])
+def test_bad_segments_are_one_line_naming_phase_lr(segments, says):
+  with pytest.raises(ConfigError, match="train.phase_lr") as e:
+    OptimizerSettings(schedule="phases", phase_lr=segments, phase_bounds=BOUNDS)
+  assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_phase_lr_without_the_phases_schedule_is_refused():
+  with pytest.raises(ConfigError, match="schedule='phases'"):
+    OptimizerSettings(schedule="linear", phase_lr=("constant",))

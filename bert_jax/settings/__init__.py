@@ -103,9 +103,10 @@ def _check_paths(c: ml_collections.ConfigDict) -> None:
       check_path(f"--config.{name}", node)
 
 
-def _check_train(c: ml_collections.ConfigDict, train: TrainSettings) -> None:
-  """The batch ramp starts below the batch; fields of `data` given per phase have one
-  entry per phase."""
+def _with_phases(c: ml_collections.ConfigDict, train: TrainSettings,
+                 optimizer: OptimizerSettings) -> OptimizerSettings:
+  """What follows the phases: the batch ramp starts below the batch; fields given per
+  phase have one entry per phase; a 'phases' schedule's segments end where they do."""
   if train.ramp.start and not train.ramp.start < train.batch_size:
     raise fail("train.batch_ramp.start", train.ramp.start,
                f"0 (off) or a global batch below --config.train.batch_size={train.batch_size}")
@@ -113,6 +114,10 @@ def _check_train(c: ml_collections.ConfigDict, train: TrainSettings) -> None:
     given = tuple(c.data.get(name, ()))
     if given and len(given) != len(train.phases):
       raise fail(f"data.{name}", given, f"() or {len(train.phases)} entries, one per phase")
+  if optimizer.schedule != "phases":
+    return optimizer
+  return dataclasses.replace(optimizer, phase_bounds=tuple((p.start, p.end)
+                                                           for p in train.phases))
 
 
 def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = ()) -> Settings:
@@ -160,7 +165,7 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
                     max_positions, t.get("phase_rope_thetas", ()), t.get("phase_mask_probs", ())),
       spike=SpikeSettings(**t.get("spike_rollback", ml_collections.ConfigDict()).to_dict()),
       ramp=BatchRampSettings(**t.get("batch_ramp", ml_collections.ConfigDict()).to_dict()))
-  _check_train(c, train)
+  optimizer = _with_phases(c, train, optimizer)
   run = RunSettings(**_fields(RunSettings, c))
   probe = ProbeSettings(**{k: tuple(v) if isinstance(v, list) else v
                            for k, v in c.get("probe", ml_collections.ConfigDict()).items()})

@@ -12,8 +12,33 @@ from bert_jax.settings.checks import fail, is_int, positive_int
 # `config.train.optimizer`; optim.make_optimizer builds them. 'stable_adamw': AdamW with
 # StableAdamW's per-tensor update clipping (ModernBERT's optimizer).
 OPTIMIZERS = ("adamw", "lamb", "stable_adamw")
-SCHEDULES = ("linear", "cosine", "wsd", "inverse_sqrt")  # `config.train.schedule` (train/schedules)
+# `config.train.schedule` (train/schedules); 'phases': a segment per phase (`phase_lr`).
+SCHEDULES = ("linear", "cosine", "wsd", "inverse_sqrt", "phases")
+SEGMENTS = ("constant", "linear", "cosine", "sqrt")  # a phase's segment of the 'phases' schedule
 DECAY_SHAPES = ("linear", "cosine", "sqrt")  # `config.train.decay_shape`, of a wsd schedule
+
+
+def parse_segment(text: str) -> tuple[str, float | None, float]:
+  """'KIND[@LR][->RATIO]' -> (kind, the rate it starts at or None, the share it ends at).
+
+  'constant' holds the rate the phase starts at (the previous phase's last, or
+  train.learning_rate); 'constant@3e-4' holds 3e-4. 'linear', 'cosine' and 'sqrt'
+  (1 - sqrt(t)) decay from it to RATIO times it over the phase: 'sqrt->0.001'."""
+  form = ("'KIND[@LR][->RATIO]' with KIND one of " + ", ".join(SEGMENTS)
+          + ", e.g. 'constant', 'constant@3e-4', 'sqrt->0.001'")
+  if not isinstance(text, str):
+    raise ValueError(form)
+  head, arrow, ratio_text = text.partition("->")
+  kind, at, lr_text = head.partition("@")
+  try:
+    lr = float(lr_text) if at else None
+    ratio = float(ratio_text) if arrow else 1.0
+  except ValueError:
+    raise ValueError(form) from None
+  if (kind not in SEGMENTS or (kind == "constant") == bool(arrow)
+      or (lr is not None and not (math.isfinite(lr) and lr > 0)) or not 0 <= ratio <= 1):
+    raise ValueError(form + " (a decay names its end ratio in [0, 1]; a constant none)")
+  return kind, lr, ratio
 
 
 def wsd_decay_start(num_steps: int, decay_fraction: float) -> int:
@@ -36,6 +61,8 @@ class OptimizerSettings:
   decay_fraction: float = 0.1  # wsd: the final share of num_steps that decays
   decay_shape: str = "linear"  # wsd: DECAY_SHAPES
   min_lr_ratio: float = 0.0  # cosine, wsd: where the decay ends, as a share of the peak
+  phase_lr: tuple = ()  # 'phases': one segment per phase (parse_segment)
+  phase_bounds: tuple = ()  # 'phases': (start, end) of each phase, set with the phases
 
   def __post_init__(self):
     if self.optimizer not in OPTIMIZERS:
@@ -61,6 +88,17 @@ class OptimizerSettings:
   def _check_schedule(self) -> None:
     if self.schedule not in SCHEDULES:
       raise fail("train.schedule", self.schedule, f"one of {', '.join(map(repr, SCHEDULES))}")
+    if bool(self.phase_lr) != (self.schedule == "phases"):
+      raise fail("train.phase_lr", tuple(self.phase_lr), "a segment per phase with "
+                 "--config.train.schedule='phases', and () with any other schedule")
+    for segment in self.phase_lr:
+      try:
+        parse_segment(segment)
+      except ValueError as e:
+        raise fail("train.phase_lr", tuple(self.phase_lr), str(e)) from None
+    if self.phase_bounds and len(self.phase_bounds) != len(self.phase_lr):
+      raise fail("train.phase_lr", tuple(self.phase_lr), f"{len(self.phase_bounds)} segments, "
+                 "one per phase")
     if self.decay_shape not in DECAY_SHAPES:
       raise fail("train.decay_shape", self.decay_shape,
                   f"one of {', '.join(map(repr, DECAY_SHAPES))}")

@@ -12,6 +12,11 @@ All warm up linearly from 0 to the peak `learning_rate` over `warmup_steps`, the
                 `decay_shape`: linear, cosine or sqrt (1 - sqrt(t), MiniCPM's)
   inverse_sqrt  the peak at the warm-up's end, then lr * sqrt(warmup / s) (Vaswani et
                 al. 2017; T5's rsqrt), never reaching 0; it ignores N
+  phases        a segment per phase (`phase_lr`), each from the rate the phase starts at
+                (the previous one's last, or a rate of its own) to a share of it:
+                constant, linear, cosine or sqrt (1 - sqrt(t)); the stages of ModernBERT,
+                Ettin and mmBERT (constant, a new constant, a 1-sqrt decay). The warm-up
+                scales the first steps: lr(s) * s / warmup
 
 N is `num_steps`. A schedule is a pure function of the step, and the optimizer's
 state counts the steps, so a resume continues it exactly. Raising `num_steps` on
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING
 import jax.numpy as jnp
 import optax
 
-from bert_jax.settings.optimizer import SCHEDULES, wsd_decay_start as decay_start
+from bert_jax.settings.optimizer import SCHEDULES, parse_segment, wsd_decay_start as decay_start
 
 if TYPE_CHECKING:
   from bert_jax.settings import OptimizerSettings
@@ -76,6 +81,30 @@ def inverse_sqrt(lr: float, warmup: int) -> optax.Schedule:
   return schedule
 
 
+def by_phase(lr: float, warmup: int, bounds: tuple, segments: tuple) -> optax.Schedule:
+  """One segment per phase [start, end), each from its first rate r0 to r1 = ratio * r0
+  at the phase's end: r0 + (r1 - r0) * shape(t), t = (s - start) / (end - start)."""
+  parts, rate = [], lr
+  for (start, end), text in zip(bounds, segments):
+    kind, at, ratio = parse_segment(text)
+    r0 = at if at is not None else rate
+    rate = r0 * ratio
+    parts.append((start, end, kind, r0, rate))
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    out = jnp.float32(parts[-1][4])  # after the last phase: its last rate
+    for start, end, kind, r0, r1 in reversed(parts):
+      t = jnp.clip((step - start) / max(end - start, 1), 0.0, 1.0)
+      shape = {"constant": jnp.zeros_like(t), "linear": t, "sqrt": jnp.sqrt(t),
+               "cosine": (1.0 - jnp.cos(jnp.pi * t)) / 2.0}[kind]
+      out = jnp.where(step < end, r0 + (r1 - r0) * shape, out)
+    if warmup > 0:
+      out = jnp.where(step < warmup, out * step / warmup, out)
+    return out
+  return schedule
+
+
 def make(s: OptimizerSettings) -> optax.Schedule:
   """`s.schedule` as an optax schedule (the settings were checked when made)."""
   lr, warmup, n = s.learning_rate, s.warmup_steps, s.num_steps
@@ -91,5 +120,6 @@ BUILDERS = {
     "wsd": lambda s, lr, warmup, n, min_lr: wsd(lr, warmup, n, s.decay_fraction,
                                                  s.decay_shape, min_lr),
     "inverse_sqrt": lambda s, lr, warmup, n, min_lr: inverse_sqrt(lr, warmup),
+    "phases": lambda s, lr, warmup, n, min_lr: by_phase(lr, warmup, s.phase_bounds, s.phase_lr),
 }
 assert set(BUILDERS) == set(SCHEDULES), (sorted(BUILDERS), SCHEDULES)
