@@ -108,6 +108,6 @@ def test_the_installed_commands_are_the_light_entry_points():
   with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
     scripts = tomllib.load(f)["project"]["scripts"]
   assert sorted(scripts) == sorted(f"bert-jax-{c}" for c in (
-      "train", "features", "convert", "finetune", "probe", "plan"))
+      "train", "features", "convert", "finetune", "probe", "plan", "merge"))
   for name, target in scripts.items():
     assert target == f"bert_jax.commands.launch:{name.removeprefix('bert-jax-')}", target

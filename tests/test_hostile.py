@@ -323,7 +323,7 @@ CASES = [
        "missing.txt", ("does not exist",)),
     Case("data-directory-not-file", "data", lambda d, w: Call(
         "train", {"data.corpus": _mkdir(d / "corpus_dir")}, str(d / "w")),
-       "corpus_dir", ("is a directory",)),
+       "corpus_dir", ("holds no files",)),
     Case("data-symlink-loop", "data", lambda d, w: Call(
         "train.py", [f"--config.data.corpus={_loop(d)}"], str(d / "w")),
        "loop_a.txt", ("loop",)),
@@ -336,10 +336,11 @@ CASES = [
     Case("data-only-blank-lines", "data", lambda d, w: Call(
         "train", {"data.corpus": _text(d / "blank.txt", "\n  \n\t\n\n")}, str(d / "w")),
        "blank.txt", ("blank lines",)),
-    Case("data-gzip-file", "data", lambda d, w: Call(
-        "train", {"data.corpus": _bytes(d / "corpus.txt.gz", gzip.compress(PLAIN.encode()))},
+    Case("data-truncated-gzip-file", "data", lambda d, w: Call(
+        "train", {"data.corpus": _bytes(d / "corpus.txt.gz",
+                                        gzip.compress(PLAIN.encode() * 50)[:-40])},
         str(d / "w")),
-       "corpus.txt.gz", ("gzip", "UTF-8")),
+       "corpus.txt.gz", ("gzip", "truncated")),
     Case("data-utf16-file", "data", lambda d, w: Call(
         "train", {"data.corpus": _bytes(d / "utf16.txt", PLAIN.encode("utf-16"))}, str(d / "w")),
        "utf16.txt", ("UTF-16", "UTF-8")),

@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = "README.md"
 # The guides, in the order their blocks run (after the README's). A guide may use what
 # an earlier file's blocks made; each one only needs the Quick start's runs/tiny today.
-GUIDES = ("docs/training.md", "docs/multi-host-and-tpu.md", "docs/continued-pretraining.md",
+GUIDES = ("docs/training.md", "docs/corpora.md", "docs/multi-host-and-tpu.md", "docs/continued-pretraining.md",
           "docs/feature-extraction.md", "docs/conversion.md", "docs/bad-input-and-recovery.md",
           "docs/performance.md", "docs/deviations.md", "docs/downstream.md",
           "docs/modernbert.md", "docs/ARCHITECTURE.md")
