@@ -96,8 +96,8 @@ def test_parquet_parts_are_row_groups_and_read_as_the_whole(tmp_path, monkeypatc
   monkeypatch.setattr(prep_parts, "PART_BYTES", 30_000)
   parts = prep_parts.plan(path, "parquet", 0)
   # Sized by the text inside: the row groups' uncompressed bytes, not the file's.
-  assert sum(p.bytes for p in parts) == prep_parts.work_size(path, os.path.getsize(path))
-  assert len(parts) >= 4 and prep_parts.work_size(path, 0) > os.path.getsize(path)
+  assert sum(p.bytes for p in parts) == prep_parts.work_size(path)
+  assert len(parts) >= 4 and prep_parts.work_size(path) > os.path.getsize(path)
   stats = corpus.CorpusStats()
   assert [d for p in parts for d in corpus.read_ranges(p.ranges, "parquet", stats)] == docs
 

@@ -384,7 +384,7 @@ def _corpus_bytes(c: DataSettings, fingerprint: dict) -> int:
   if c.max_documents or not corpus.is_files(c.corpus):
     return 0
   files = [fingerprint] if "file" in fingerprint else fingerprint["files"]
-  return sum(prep_parts.work_size(f["file"], f["size"]) for f in files)  # as parts count it
+  return sum(prep_parts.work_size(f["file"]) for f in files)  # as parts count it
 
 
 def _hash(obj: Any) -> str:

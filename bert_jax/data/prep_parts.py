@@ -89,11 +89,11 @@ def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
   if not corpus.is_files(spec) or max_documents:
     return [Part(0, 1, (), _size(spec))]
   paths = corpus.files(spec)
-  sizes = [work_size(p, os.path.getsize(p)) for p in paths]
-  if sum(sizes) <= part_bytes_limit():
-    return [Part(0, 1, (), sum(sizes))]
-  step = part_bytes(sum(sizes))
-  layout = [_File(p, n, fmt) for p, n in zip(paths, sizes)]
+  layout = [_File(p, fmt) for p in paths]
+  total = sum(f.size for f in layout)
+  if total <= part_bytes_limit():
+    return [Part(0, 1, (), total)]
+  step = part_bytes(total)
   cuts = [(0, 0)]
   stream = 0  # stream offset of file i's start
   for i, f in enumerate(layout):
@@ -118,29 +118,30 @@ def plan(spec: str, fmt: str, max_documents: int) -> list[Part]:
 COMPRESSED_WORK = 4
 
 
-def work_size(path: str, size: int) -> int:
+def work_size(path: str) -> int:
   """A file's size as parts count it, about the text inside: its bytes; COMPRESSED_WORK
   times them for a compressed file; a Parquet file's row groups' uncompressed bytes."""
-  first = records.head(path)
-  if first.startswith(records.PARQUET_MAGIC):
-    return max(sum(records.row_group_sizes(path)), 1)
-  return size * COMPRESSED_WORK if records.compression(first) is not None else size
+  return _File(path, "").size
 
 
 class _File:
   """Where a corpus file can be cut, in its own coordinates: bytes (at document
   boundaries) for text and JSONL; row groups for Parquet; nowhere inside for a
-  compressed file (a stream is read from its start), which is one range whole."""
+  compressed file (a stream is read from its start), which is one range whole. `size`
+  is `work_size`'s."""
 
-  def __init__(self, path: str, size: int, fmt: str):
-    self.path, self.size = path, size  # `work_size`: a compressed file's is an estimate
-    self.compressed = records.compression(records.head(path)) is not None
+  def __init__(self, path: str, fmt: str):
+    self.path, self.fmt = path, fmt
+    first = records.head(path)
+    self.compressed = records.compression(first) is not None
     self.groups: list[int] | None = None  # where a Parquet file's row groups start, in work
-    if fmt == "parquet" and records.is_parquet(path):
+    if first.startswith(records.PARQUET_MAGIC):
       sizes = records.row_group_sizes(path) or [0]  # no group: one range, whose read says so
       self.groups = [sum(sizes[:g]) for g in range(len(sizes))]
-    self.fmt = fmt
-    self.extent = len(self.groups) if self.groups is not None else size
+      self.size = max(sum(sizes), 1)
+    else:
+      self.size = os.path.getsize(path) * (COMPRESSED_WORK if self.compressed else 1)
+    self.extent = len(self.groups) if self.groups is not None else self.size
 
   def cut_at(self, offset: int) -> int | None:
     """The first place a part may start at or after byte `offset` (None: none before the
@@ -175,8 +176,7 @@ def _tfds_parts(n: int) -> list[Part]:
 
 
 def _size(spec: str) -> int:
-  return sum(work_size(p, os.path.getsize(p)) for p in corpus.files(spec)) if corpus.is_files(
-      spec) else 0
+  return sum(work_size(p) for p in corpus.files(spec)) if corpus.is_files(spec) else 0
 
 
 def _ranges(layout: list[_File], a: tuple[int, int], b: tuple[int, int]) -> list[Range]:

@@ -159,11 +159,9 @@ class _Decompressed(io.RawIOBase):
         if not self._d.eof:
           break
         chunk, self._inside = self._d.unused_data, False
-        if chunk.strip(b"\x00"):  # another member; zero padding after the last is fine
-          self._d = _decompressor(self.kind)
-        else:
+        self._d = _decompressor(self.kind)  # for another member, if one follows
+        if not chunk.strip(b"\x00"):  # zero padding after the last member is fine
           chunk = b""
-          self._d = _decompressor(self.kind)
     except Exception as e:  # zlib.error, OSError, LZMAError, zstd.ZstdError
       self._fail(f"its data is damaged ({str(e).strip() or type(e).__name__})")
     self._out = b"".join(out)

@@ -239,6 +239,8 @@ class TrainSteps:
 
   def eval_step_fn(self, max_predictions: int, rope_theta: float = 0.0,
                    mask_prob: Optional[float] = None) -> Callable:
+    # The run's rate asked for by value or as None: one executable, not two.
+    mask_prob = self.mask_prob if mask_prob is None else float(mask_prob)
     key = ("eval", max_predictions, rope_theta, mask_prob)
     if key in self._steps:
       return self._steps[key]
