@@ -77,20 +77,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   t = s.train  # a batch-size warm-up's first size must shard as the target does
   batch_ramp.of(t.ramp.start, t.batch_size, t.ramp.steps, t.ramp.stages,
                 sharding.batch_unit(mesh, t.grad_accum_steps))
+  # The run's folder, opened once: every part of the run that writes into it takes it.
+  run_dir = Workdir(workdir)
   # One run per workdir: a second one stops here, before writing anything.
-  with workdir_lock.hold(workdir, jax.process_index()):
-    ledger = goodput.Ledger(workdir, jax.process_index() == 0, ledger_start)
-    return _run(s, workdir, mesh, source, probe_tasks, ledger)
+  with workdir_lock.hold(run_dir.root, jax.process_index()):
+    ledger = goodput.Ledger(run_dir, jax.process_index() == 0, ledger_start)
+    return _run(s, run_dir, mesh, source, probe_tasks, ledger)
 
 
-def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
+def _run(s: Settings, workdir: Workdir, mesh, source=None, probe_tasks=(),
          ledger: Optional[goodput.Ledger] = None) -> dict:
   """The run's story in order: data, steps, restore or start, loop, final eval, report."""
   check_same_data(s, workdir)  # before preparing anything: a refused run writes nothing
   prepared, ext = _prepare(s, workdir, source)
   check_stop()  # a SIGTERM noted while preparing: stop before building the model
   tok = prepared.tokenizer
-  steps = make_steps(s, tok.vocab_size, tok.special_ids(), tok.mask_id,
+  steps = make_steps(s, tok.vocab_size, tok.special_ids(),
                      tok.is_continuation() if s.masking.whole_word else None, mesh)
   check_stop()
   _log_model(steps, tok.vocab_size, s.requested_dtype, s.requested_attention_kernel)
@@ -141,7 +143,7 @@ def _run(s: Settings, workdir: str, mesh, source=None, probe_tasks=(),
   console.log(f"final eval @ step {state.step}: {describe_eval(ev)}")
   # The workdir as the user gave it, like the other two (Orbax's own path is absolute).
   console.log(f"checkpoints: {checkpoint_dir(workdir)}; TensorBoard: "
-              f"{Workdir(workdir).tensorboard}; plot: {plot}")
+              f"{workdir.tensorboard}; plot: {plot}")
   return ev
 
 
@@ -152,7 +154,7 @@ def _plot(reporter, s: Settings, step: int) -> str:
   return reporter.plot(step, [ph.start for ph in s.train.phases[1:]])
 
 
-def _hooks(s: Settings, workdir: str, ledger: goodput.Ledger) -> Hooks:
+def _hooks(s: Settings, workdir: Workdir, ledger: goodput.Ledger) -> Hooks:
   """What watches the loop (train/hooks); a concern that is off is not registered."""
   hooks = [StepProfiler(s.profile.steps, s.profile.on_demand_steps, workdir),
            GoodputHook(ledger), LeaseCheck()]
@@ -173,7 +175,7 @@ def _close(reporter: Reporter, failed: bool) -> None:
     reporter.close()
 
 
-def _prepare(s: Settings, workdir: str, source) -> tuple:
+def _prepare(s: Settings, workdir: Workdir, source) -> tuple:
   """(prepared data, the continuation's vocabulary extension or None)."""
   ext = None
   if source is not None:

@@ -86,7 +86,7 @@ def _imports(tree: ast.Module) -> list[tuple[int, str, list[str]]]:
 # (subpackage or module, what it must not load, why)
 RULES = [
     ("bert_jax.data", JAX, "text -> examples -> batches is host code: no JAX"),
-    ("bert_jax.model.config", JAX, "settings and data read the model's shape without JAX"),
+    ("bert_jax.settings.model", JAX, "settings and data read the model's shape without JAX"),
     ("bert_jax.settings", JAX, "the config is checked before JAX is imported"),
     ("bert_jax.console", JAX, "an edge module every layer prints through, data/ included"),
     ("bert_jax.model", ("optax", "orbax", "bert_jax.parallel", "bert_jax.planner", "bert_jax.train",
@@ -98,9 +98,13 @@ RULES = [
     ("bert_jax.commands.launch", JAX, "the commands exec again before JAX starts"),
     ("bert_jax.features", ("optax", "bert_jax.train", "bert_jax.trainer"),
      "feature extraction never loads the optimizer or the trainer"),
-    # (its settings carry the model's config dataclass, model/config, which is no model)
+    # (its settings check the model section against the families' registry,
+    # model/family and the FLOPs formulas it names: plain data, which is no model)
     ("bert_jax.train.optim", tuple(m for m in _in("bert_jax.model") if m not in (
-        "bert_jax.model", "bert_jax.model.config")), "the optimizer knows no model"),
+        "bert_jax.model", "bert_jax.model.family", "bert_jax.model.flops")),
+     "the optimizer knows no model"),
+    ("bert_jax.model.family", JAX, "the families' registry is plain data the "
+     "settings check a config with before JAX starts"),
 ]
 
 
@@ -164,8 +168,9 @@ FOLDER_ORDER = ("storage", "settings", "data", "model", "io", "parallel", "featu
 EDGE = ("errors", "console", "default_config")
 # Imports up the folder order, each with why it is not a climb.
 CLIMBS_ALLOWED = {
-    ("bert_jax.settings", "bert_jax.model.config"):
-        "the model's shape is the settings' model section; model/config is a leaf (errors only)",
+    ("bert_jax.settings", "bert_jax.model.family"):
+        "a config names its family: the settings check it against the families' registry, "
+        "plain data (no JAX; a test holds it)",
     ("bert_jax.settings", "bert_jax.model.precision"):
         "model.dtype='auto' asks the backend which float it runs fast (JAX, imported only then)",
 }
@@ -489,11 +494,11 @@ def test_only_storage_asks_which_storage_a_path_is_on():
 
 
 def test_settings_import_only_what_checks_a_config():
-  """Issue 42: the settings package sits at the bottom; it imports errors, the model's
-  config (its model section), the default config (what a continued run's source owns),
+  """Issue 42: the settings package sits at the bottom; it imports errors, the families'
+  registry (plain data: a config's family is checked against it), the default config (what a continued run's source owns),
   storage's URL check, and its own modules; `model.precision` only to resolve 'auto'
   (the dtype and the attention kernel)."""
-  allowed = ("bert_jax.errors", "bert_jax.model.config", "bert_jax.default_config",
+  allowed = ("bert_jax.errors", "bert_jax.model.family", "bert_jax.default_config",
              "bert_jax.storage.retries", "bert_jax.settings", "bert_jax.model.precision")
   bad = [f"{name}:{line} imports {target}" for name, tree in _trees().items()
          if name.startswith("bert_jax.settings")
@@ -526,4 +531,49 @@ def test_importing_the_package_changes_nothing_outside_it():
                  [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
       bad += [f"{name}:{node.lineno} {ast.unparse(t)} =" for t in targets
               if isinstance(t, (ast.Attribute, ast.Subscript))]
+  assert not bad, bad
+
+
+def _family_questions(trees: dict[str, ast.Module], names: tuple[str, ...]) -> list[str]:
+  """Comparisons of a family's name (`x.family == 'bert'`, `family in ('modernbert',)`)
+  outside the families' registry."""
+  bad = []
+  for name, tree in trees.items():
+    if name == "bert_jax.model.family":
+      continue
+    for node in ast.walk(tree):
+      if not isinstance(node, ast.Compare):
+        continue
+      sides = [node.left, *node.comparators]
+      said = {n.value for s in sides for n in ast.walk(s)
+              if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+      asks = any(isinstance(n, (ast.Attribute, ast.Name))
+                 and (getattr(n, "attr", None) or getattr(n, "id", None)) == "family"
+                 for s in sides for n in ast.walk(s))
+      if asks and said & set(names):
+        bad.append(f"{name}:{node.lineno} compares a family's name")
+  return bad
+
+
+def test_no_module_but_the_registry_compares_a_familys_name():
+  """Issue 55: every family question goes to its record (model/family.py): a new family
+  is a record, not a branch in every module that asks."""
+  from bert_jax.model import family
+  assert not _family_questions(_trees(), tuple(family.FAMILIES))
+
+
+def test_the_family_check_finds_a_comparison():
+  tree = ast.parse("if config.family == 'modernbert':\n  pass\nok = fam.rope\n"
+                   "bad = c.model.family in ('bert',)\n")
+  found = _family_questions({"bert_jax.x.y": tree}, ("bert", "modernbert"))
+  assert [f.split(":")[1].split()[0] for f in found] == ["1", "4"]
+
+
+def test_the_runs_parts_take_the_workdir_the_trainer_opened():
+  """Issue 55: the trainer opens the run's Workdir once and hands the object on; no part
+  of the run (train/) builds one from a string (a test's or tool's path is `opened`)."""
+  bad = [f"{name}:{node.lineno}" for name, tree in _trees().items()
+         if name.startswith("bert_jax.train.")
+         for node in ast.walk(tree)
+         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Workdir"]
   assert not bad, bad

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.model.bert import BertForPreTraining, BertModel
 from tools import bench, bench_prepare, measure
 
@@ -22,7 +22,7 @@ GUIDE = "# x\n\n## Performance\n\nintro\n\n<!-- bench:start -->\nold table\n<!--
 @pytest.mark.parametrize("kind", ["features", "train"])
 def test_analytic_flops_cover_what_xla_counts_but_elementwise_work(kind):
   size = bench.ModelSize(2, 256, 4, 1024, 1000, "float32")
-  cfg = BertConfig(vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4,
+  cfg = ModelConfig(vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4,
                    intermediate_size=1024, max_position_embeddings=128)
   B, L, P = 2, 128, 20
   ids, pos = jnp.ones((B, L), jnp.int32), jnp.ones((B, P), jnp.int32)

@@ -14,6 +14,7 @@ import pytest
 
 import tiny_run
 from bert_jax.data import bpe
+from bert_jax.data.tokenizer import SpecialIds
 from bert_jax.errors import ConfigError
 
 ROOT = tiny_run.ROOT
@@ -54,7 +55,7 @@ def test_a_trained_bpe_is_the_same_in_another_process():
 
 def test_a_trained_bpe_puts_the_special_tokens_first_and_never_makes_them_from_text():
   tok = _trained()
-  assert tok.special_ids() == [0, 1, 2, 3, 4] and tok.pad_id == 0
+  assert list(tok.special_ids()) == [0, 1, 2, 3, 4] and tok.pad_id == 0
   ids = tok.encode(TEXTS[2])
   assert not set(ids) & set(tok.special_ids())
   assert tok.decode(ids) == TEXTS[2]  # byte-level: every character comes back
@@ -66,7 +67,7 @@ def test_a_tokenizer_json_gives_huggingfaces_ids_and_its_own_special_ids(tmp_pat
   tok = bpe.from_file(path, lowercase=True)  # the file decides casing, not the flag
   hf = Tokenizer.from_file(path)
   assert tok.pad_id == hf.token_to_id("[PAD]") != 0
-  assert tok.special_ids() == [hf.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]",
+  assert list(tok.special_ids()) == [hf.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]",
                                                             "[MASK]")]
   for text in TEXTS[:2]:
     assert tok.encode(text) == hf.encode(text, add_special_tokens=False).ids
@@ -130,7 +131,7 @@ def test_padding_becomes_the_vocabularys_pad_id_and_is_never_masked():
       "model.family": "modernbert", "objective": "mlm", "model.num_layers": 1,
       "model.local_attention": 8, "masking.mask_prob": 0.9}))
   pad = 300
-  steps = make_steps(s, 320, [pad, 301, 302, 303, 304], 304)
+  steps = make_steps(s, 320, SpecialIds(pad, 301, 302, 303, 304))
   ids = np.array([[302] + [7] * 6 + [303] + [0] * 8] * 8, np.int32)  # 8 real, 8 padding
   mask = (ids != 0).astype(np.int32)
   mask[:, 1:7] = 1

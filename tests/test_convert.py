@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 from bert_jax.io import checkpointing, convert, hf_weights, sources
 from bert_jax.commands import convert as convert_cli
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.errors import ConfigError
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -75,7 +75,7 @@ def write_hf_dir(path, state=None, config=None, tokenizer_config=None, vocab=VOC
 
 
 def tiny_config(**kw):
-  return BertConfig(vocab_size=V, hidden_size=D, num_layers=LAYERS, num_heads=HEADS,
+  return ModelConfig(vocab_size=V, hidden_size=D, num_layers=LAYERS, num_heads=HEADS,
                     intermediate_size=F, max_position_embeddings=16, **kw)
 
 
@@ -188,7 +188,7 @@ def test_import_writes_a_checkpoint_that_restore_params_reads(tmp_path, capsys):
   assert meta["source"] == f"huggingface:{hf_dir}"
   assert meta["heads"] == {"encoder": "imported", "pooler": "imported", "mlm": "imported",
                            "nsp": "imported"}
-  config = BertConfig.from_dict(meta["model_config"])
+  config = ModelConfig.from_dict(meta["model_config"])
   assert config == hf_weights.bert_config_from_hf(HF_CONFIG, "x")
   assert_states_equal(hf_weights.params_to_hf_state(params, config), state)
   assert "imported huggingface:" in capsys.readouterr().out
@@ -427,7 +427,7 @@ def test_pytorch_bin_is_loaded_weights_only(tmp_path):
   assert convert_cli.main(["from-hf", hf_dir, str(tmp_path / "out")]) == 0
   params, meta = checkpointing.restore_params(str(tmp_path / "out"))
   assert_states_equal(hf_weights.params_to_hf_state(
-      params, BertConfig.from_dict(meta["model_config"])), state)
+      params, ModelConfig.from_dict(meta["model_config"])), state)
 
 
 def test_from_tf_without_tensorflow_says_so(tmp_path, capsys, monkeypatch):
@@ -458,7 +458,7 @@ def test_from_tf_reads_a_real_tensorflow_checkpoint(tmp_path):
   params, meta = checkpointing.restore_params(str(tmp_path / "out"))
   assert meta["lowercase"] is True and meta["source"].startswith("tensorflow:")
   assert_states_equal(hf_weights.params_to_hf_state(
-      params, BertConfig.from_dict(meta["model_config"])), state)
+      params, ModelConfig.from_dict(meta["model_config"])), state)
 
 
 def test_import_of_weights_with_nan_or_inf_warns_once_naming_the_tensors(tmp_path, capsys):
@@ -472,8 +472,8 @@ def test_import_of_weights_with_nan_or_inf_warns_once_naming_the_tensors(tmp_pat
   assert "model.safetensors" in err[0] and "2 tensor(s)" in err[0]
   assert "bert.encoder.layer.1.output.dense.weight" in err[0] and "cls.predictions.bias" in err[0]
   params, meta = checkpointing.restore_params(str(tmp_path / "out"))  # imported as they are
-  assert_states_equal(convert.params_to_hf_state(
-      params, BertConfig.from_dict(meta["model_config"])), state)
+  assert_states_equal(hf_weights.params_to_hf_state(
+      params, ModelConfig.from_dict(meta["model_config"])), state)
   assert hf_weights.non_finite_tensors(hf_state()) == []
   assert hf_weights.non_finite_tensors({"b": np.array([1.0, np.inf]), "a": np.array([np.nan]),
                                      "i": np.array([1, 2])}) == ["a", "b"]

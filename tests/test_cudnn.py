@@ -16,12 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.model import family, precision
-from bert_jax.model.config import BertConfig
+from bert_jax.model import build, precision
+from bert_jax.settings.model import ModelConfig
 
 GPU = jax.default_backend() == "gpu"
 L = 16
-BERT = BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
+BERT = ModelConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
                   intermediate_size=48, max_position_embeddings=64, dropout_rate=0.0,
                   attention_dropout_rate=0.0)
 # Windows shorter than the row (6) and longer (40); 3 layers: global, local, global.
@@ -52,7 +52,7 @@ def _run(config, params, rows):
   """Hidden states (real positions) and the gradients of a loss over every output."""
   ids, mask, docs = rows
   B = ids.shape[0]
-  model = family.pretraining_model(config)
+  model = build.pretraining_model(config)
   positions = jnp.broadcast_to(jnp.arange(3), (B, 3))
 
   def loss(p):
@@ -66,7 +66,7 @@ def _run(config, params, rows):
 
 
 def _compare(reference, kernel_config, atol, rtol, packed):
-  params = family.init_params(reference, jax.random.key(1))
+  params = build.init_params(reference, jax.random.key(1))
   rows = _rows(packed)
   seq_a, loss_a, grads_a = _run(reference, params, rows)
   seq_b, loss_b, grads_b = _run(kernel_config, params, rows)

@@ -13,7 +13,7 @@ from bert_jax.io import checkpointing
 from bert_jax.commands import probe as probe_cli
 from bert_jax.eval import logreg, probe, tasks, word_order
 from bert_jax.features.extract import Extractor
-from bert_jax.model.family import init_params
+from bert_jax.model.build import init_params
 from bert_jax.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 import tiny_run
 

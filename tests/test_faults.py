@@ -356,7 +356,7 @@ def _trainer(base, reference):
   c = _config(base)
   meta = _params(reference)[1]
   tok = Tokenizer(meta["vocab"], meta["lowercase"])
-  return c, make_steps(settings.from_config(c), tok.vocab_size, tok.special_ids(), tok.mask_id)
+  return c, make_steps(settings.from_config(c), tok.vocab_size, tok.special_ids())
 
 
 def test_a_checkpoint_with_nan_parameters_is_never_written(base, reference, tmp_path):

@@ -13,8 +13,8 @@ from bert_jax.commands import finetune as finetune_cli
 from bert_jax.io import checkpointing, convert
 from bert_jax.commands import convert as convert_cli
 from bert_jax.eval import classifier, finetune, finetune_report, tasks
-from bert_jax.model.config import BertConfig
-from bert_jax.model.family import init_params
+from bert_jax.settings.model import ModelConfig
+from bert_jax.model.build import init_params
 from bert_jax.data.tokenizer import SPECIAL_TOKENS
 import tiny_run
 
@@ -137,7 +137,7 @@ def test_export_loads_in_transformers_with_the_same_logits(data, cli_run, tmp_pa
   model.eval()
   # Our logits of the same inputs, from the saved checkpoint.
   params, meta = checkpointing.restore_params(save)
-  config = BertConfig.from_dict(meta["model_config"])
+  config = ModelConfig.from_dict(meta["model_config"])
   texts = ["the cat sat on a mat", "dog ran to old stone bridge", "bird sang cat cat"]
   tok = transformers.BertTokenizer.from_pretrained(hf_dir)
   enc = tok(texts, padding=True, return_tensors="np")
@@ -294,7 +294,7 @@ def test_a_fine_tuned_modernbert_exports_as_transformers_sequence_classifier(dat
   # The head the classifier applied started from the pre-trained one, and trained.
   assert sorted(params) == ["bert", "classifier", "head_dense", "head_norm"]
   assert not np.allclose(params["head_dense"]["kernel"], pretrained["head_dense"]["kernel"])
-  config = BertConfig.from_dict(meta["model_config"])
+  config = ModelConfig.from_dict(meta["model_config"])
   ids = np.array([[2, 10, 11, 12, 3, 0], [2, 13, 14, 15, 16, 3]], np.int32)  # [CLS] .. [SEP]
   mask = (ids != 0).astype(np.int32)
   ours = classifier.SequenceClassifier(config, 2).apply(

@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax.data.tokenizer import SPECIAL_TOKENS
 from bert_jax.io import checkpointing
-from bert_jax.model.family import init_params
+from bert_jax.model.build import init_params
 import multiprocess_runs as multiprocess
 import tiny_run
 

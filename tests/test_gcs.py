@@ -485,7 +485,7 @@ def test_finetune_save_and_convert_to_hf_to_and_from_a_bucket(server, tmp_path):
   from bert_jax.errors import ConfigError
   from bert_jax.io import checkpointing, convert
   from bert_jax.storage import fs
-  from bert_jax.model.family import init_params
+  from bert_jax.model.build import init_params
   ckpt = str(tmp_path / "pretrained")
   checkpointing.save_params(ckpt, 0, init_params(CONFIG, jax.random.key(0)),
                             {"model_config": CONFIG.to_dict(), "vocab": VOCAB, "lowercase": True})

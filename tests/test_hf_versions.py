@@ -16,7 +16,7 @@ import pytest
 from bert_jax.commands import convert as convert_cli
 from bert_jax.errors import ConfigError
 from bert_jax.io import checkpointing, sources
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -92,7 +92,7 @@ def test_a_saved_directory_imports_and_exports_back_with_the_same_ids_and_logits
   ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "export")
   assert convert_cli.main(["from-hf", hf_dir, ckpt]) == 0
   _, meta = checkpointing.restore_params(ckpt)
-  config = BertConfig.from_dict(meta["model_config"])
+  config = ModelConfig.from_dict(meta["model_config"])
   if family == "modernbert":  # 5.x: rope_parameters and layer_types
     assert (config.global_rope_theta, config.local_rope_theta) == (20000.0, 5000.0)
     assert config.global_attn_every_n_layers == 2 and config.local_attention == 4
@@ -128,12 +128,12 @@ def test_a_modernbert_saved_by_transformers_continues_pre_training_and_exports_b
   assert loaded_tok(TEXTS)["input_ids"] == tok(TEXTS)["input_ids"]
   params, meta = checkpointing.restore_params(workdir)
   assert meta["step"] == 2
-  from bert_jax.model import family  # pylint: disable=import-outside-toplevel
-  config = BertConfig.from_dict(meta["model_config"])
+  from bert_jax.model import build  # pylint: disable=import-outside-toplevel
+  config = ModelConfig.from_dict(meta["model_config"])
   ids, theirs, real = _logits(loaded, loaded_tok, "modernbert")
   B, L = ids.shape
   pos = np.broadcast_to(np.arange(L), (B, L))
-  ours = family.pretraining_model(config).apply(
+  ours = build.pretraining_model(config).apply(
       {"params": params}, ids, np.zeros_like(ids), real.astype(np.int32), pos)
   np.testing.assert_allclose(np.asarray(ours.mlm_logits_BxPxV)[..., :len(WORDS)][real],
                              theirs[real], atol=1e-4)
@@ -154,7 +154,7 @@ def _write_tokenizer_files(d, vocab_txt=None, tok_json=None):
 def test_the_vocabulary_is_read_from_either_file_or_both(tmp_path, files):
   d = _write_tokenizer_files(tmp_path / "d", WORDS if files != "tokenizer.json" else None,
                              WORDS if files != "vocab.txt" else None)
-  config = BertConfig(vocab_size=len(WORDS))
+  config = ModelConfig(vocab_size=len(WORDS))
   tok, lower_from = sources.read_hf_tokenizer(d, {}, config, "config.json")
   assert tok.vocab == WORDS and tok.lowercase
   if files == "tokenizer.json":
@@ -167,6 +167,6 @@ def test_a_vocab_txt_and_tokenizer_json_that_disagree_are_one_line(tmp_path):
   other = WORDS[:6] + ["dog", "cat"] + WORDS[8:]
   d = _write_tokenizer_files(tmp_path / "d", WORDS, other)
   with pytest.raises(ConfigError) as e:
-    sources.read_hf_tokenizer(d, {}, BertConfig(vocab_size=len(WORDS)), "config.json")
+    sources.read_hf_tokenizer(d, {}, ModelConfig(vocab_size=len(WORDS)), "config.json")
   assert "disagree at id 6: 'cat' in vocab.txt, 'dog' in tokenizer.json" in str(e.value)
   assert "\n" not in str(e.value)

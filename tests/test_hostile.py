@@ -43,7 +43,7 @@ from bert_jax.commands import features as features_cli
 from bert_jax.io import checkpointing, convert
 from bert_jax.commands import convert as convert_cli
 from bert_jax.errors import BertJaxError
-from bert_jax.model.family import abstract_params
+from bert_jax.model.build import abstract_params
 from bert_jax.data.tokenizer import SPECIAL_TOKENS
 from bert_jax.trainer import train_and_evaluate
 from configs import tiny

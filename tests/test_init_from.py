@@ -134,7 +134,7 @@ def test_step0_losses_equal_transformers_on_the_same_masked_batch(run, source, b
   src = init_from.resolve(s)
   s = init_from.run_settings(s, src)
   tok = src.tokenizer
-  steps = make_steps(s, tok.vocab_size, tok.special_ids(), tok.mask_id)
+  steps = make_steps(s, tok.vocab_size, tok.special_ids())
   directory = glob.glob(str(base / "prepared" / "*"))[0]
   batch = next(iter(input_pipeline.eval_batches(dataset.open_split(directory, SEQ, "eval"),
                                                 BATCH, 0, 1)))

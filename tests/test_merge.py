@@ -10,7 +10,7 @@ import pytest
 from bert_jax.commands import merge as merge_cli
 from bert_jax.data.tokenizer import SPECIAL_TOKENS
 from bert_jax.io import checkpointing
-from bert_jax.model.family import init_params
+from bert_jax.model.build import init_params
 import tiny_run
 
 VOCAB = list(SPECIAL_TOKENS) + [f"w{i}" for i in range(40)]

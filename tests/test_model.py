@@ -8,10 +8,10 @@ import pytest
 
 from bert_jax.errors import ConfigError
 from bert_jax.model import precision
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.model.bert import BertForPreTraining, BertModel, gelu
 
-SMALL = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4,
+SMALL = ModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4,
                    intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=128)
 
 
@@ -43,11 +43,11 @@ def test_padding_does_not_change_outputs_at_real_positions():
 
 def test_bert_base_has_110m_parameters():
   # The reference counts ~110M for BERT-Base with a 30,522 word-piece vocab.
-  assert abs(_n_params(BertConfig(vocab_size=30522)) / 110.1e6 - 1) < 0.01
+  assert abs(_n_params(ModelConfig(vocab_size=30522)) / 110.1e6 - 1) < 0.01
 
 
 def test_bert_large_has_335m_parameters():
-  large = BertConfig(vocab_size=30522, hidden_size=1024, num_layers=24, num_heads=16,
+  large = ModelConfig(vocab_size=30522, hidden_size=1024, num_layers=24, num_heads=16,
                      intermediate_size=4096)
   assert abs(_n_params(large) / 335.1e6 - 1) < 0.01
 
@@ -62,7 +62,7 @@ def test_padded_vocabulary_ids_are_never_predicted():
 
 
 def test_bfloat16_compute_keeps_float32_params_and_logits():
-  cfg = BertConfig(**{**SMALL.to_dict(), "dtype": "bfloat16"})
+  cfg = ModelConfig(**{**SMALL.to_dict(), "dtype": "bfloat16"})
   params = _init(cfg)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
   ids = jnp.full((2, 16), 7, jnp.int32)
@@ -73,7 +73,7 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
 
 
 def test_remat_gives_the_same_outputs():
-  cfg = BertConfig(**{**SMALL.to_dict(), "remat": True})
+  cfg = ModelConfig(**{**SMALL.to_dict(), "remat": True})
   params = _init(SMALL)
   ids = jnp.arange(32, dtype=jnp.int32).reshape(2, 16) + 5
   pos = jnp.ones((2, 3), jnp.int32)
@@ -102,8 +102,8 @@ def _saved(config):
 
 def test_remat_policies_keep_what_they_name():
   from bert_jax.model.bert import MATMUL_OUTPUTS
-  full = BertConfig(**{**SMALL.to_dict(), "remat": True})
-  dots = BertConfig(**{**full.to_dict(), "remat_policy": "save_dots"})
+  full = ModelConfig(**{**SMALL.to_dict(), "remat": True})
+  dots = ModelConfig(**{**full.to_dict(), "remat_policy": "save_dots"})
   _, bytes_none = _saved(SMALL)
   names_full, bytes_full = _saved(full)
   names_dots, bytes_dots = _saved(dots)
@@ -114,7 +114,7 @@ def test_remat_policies_keep_what_they_name():
 
 @pytest.mark.parametrize("policy", ["full", "save_dots"])
 def test_remat_policies_give_the_same_gradients(policy):
-  remat = BertConfig(**{**SMALL.to_dict(), "remat": True, "remat_policy": policy})
+  remat = ModelConfig(**{**SMALL.to_dict(), "remat": True, "remat_policy": policy})
   _assert_same_model(SMALL, remat)  # recomputation may sum in another order
 
 
@@ -167,14 +167,14 @@ def test_float32_attention_dots_are_canonical_on_cpu():
 
 
 def test_float32_attention_layout_xla_and_other_platforms_keep_the_plain_einsum():
-  xla = BertConfig(**{**SMALL.to_dict(), "cpu_attention_layout": "xla"})
+  xla = ModelConfig(**{**SMALL.to_dict(), "cpu_attention_layout": "xla"})
   for config, platform in ((xla, "cpu"), (SMALL, "tpu")):
     dots = _attention_dots(config, platform)
     assert dots and not all(batch == (0, 1) and contract == (3,) for batch, contract in dots)
 
 
 def test_cpu_attention_layouts_give_the_same_outputs_and_gradients():
-  xla = BertConfig(**{**SMALL.to_dict(), "cpu_attention_layout": "xla"})
+  xla = ModelConfig(**{**SMALL.to_dict(), "cpu_attention_layout": "xla"})
   params = _init(SMALL)
   ids = jnp.arange(32, dtype=jnp.int32).reshape(2, 16) + 5
   mask = jnp.ones((2, 16), jnp.int32).at[1, 12:].set(0)
@@ -194,7 +194,7 @@ def test_cpu_attention_layouts_give_the_same_outputs_and_gradients():
     np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
 
 
-NO_ATTENTION_DROPOUT = BertConfig(**{**SMALL.to_dict(), "attention_dropout_rate": 0.0})
+NO_ATTENTION_DROPOUT = ModelConfig(**{**SMALL.to_dict(), "attention_dropout_rate": 0.0})
 
 
 def _loss_and_grads(config, params, mask):
@@ -225,16 +225,16 @@ def _assert_same_model(config_a, config_b, atol=1e-5, rtol=1e-4):
 
 @pytest.mark.parametrize("dtype, atol, rtol", [("float32", 1e-5, 1e-4), ("bfloat16", 2e-2, 5e-2)])
 def test_attention_kernel_jax_computes_what_einsum_does(dtype, atol, rtol):
-  einsum = BertConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "dtype": dtype})
-  fused = BertConfig(**{**einsum.to_dict(), "attention_kernel": "jax"}).validate()
+  einsum = ModelConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "dtype": dtype})
+  fused = ModelConfig(**{**einsum.to_dict(), "attention_kernel": "jax"}).validate()
   _assert_same_model(einsum, fused, atol, rtol)
 
 
 @pytest.mark.parametrize("dtype, atol, rtol", [("float32", 1e-5, 1e-4), ("bfloat16", 2e-2, 5e-2)])
 def test_deferred_softmax_computes_what_the_standard_order_does(dtype, atol, rtol):
   # SMALL has attention dropout: its mask must fall on the same positions either way.
-  standard = BertConfig(**{**SMALL.to_dict(), "dtype": dtype, "attention_softmax": "standard"})
-  deferred = BertConfig(**{**standard.to_dict(), "attention_softmax": "deferred"})
+  standard = ModelConfig(**{**SMALL.to_dict(), "dtype": dtype, "attention_softmax": "standard"})
+  deferred = ModelConfig(**{**standard.to_dict(), "attention_softmax": "deferred"})
   _assert_same_model(standard, deferred, atol, rtol)
 
 
@@ -243,8 +243,8 @@ GPU = jax.default_backend() == "gpu"
 
 @pytest.mark.skipif(not GPU, reason="needs an NVIDIA GPU (run with JAX_PLATFORMS=cuda)")
 def test_attention_kernel_cudnn_on_a_gpu_computes_what_einsum_does():
-  einsum = BertConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "dtype": "bfloat16"})
-  cudnn = BertConfig(**{**einsum.to_dict(), "attention_kernel": "cudnn"}).validate()
+  einsum = ModelConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "dtype": "bfloat16"})
+  cudnn = ModelConfig(**{**einsum.to_dict(), "attention_kernel": "cudnn"}).validate()
   _assert_same_model(einsum, cudnn, atol=2e-2, rtol=5e-2)
 
 
@@ -261,15 +261,15 @@ def test_attention_kernel_cudnn_passes_padding_as_key_lengths(monkeypatch):
 
   monkeypatch.setattr(jax.nn, "dot_product_attention", as_xla)
   monkeypatch.setattr(precision, "target_backend", lambda: "gpu")
-  # float32, which cuDNN refuses (BertConfig.validate) but the XLA stand-in runs: the
+  # float32, which cuDNN refuses (ModelConfig.validate) but the XLA stand-in runs: the
   # bf16 dots of a GPU program do not run on XLA:CPU, and the arguments are the same.
-  cudnn = BertConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "attention_kernel": "cudnn"})
+  cudnn = ModelConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "attention_kernel": "cudnn"})
   _assert_same_model(NO_ATTENTION_DROPOUT, cudnn)
   assert calls and all(c == ("cudnn", ["key_value_seq_lengths", "scale"]) for c in calls), calls
 
 
 def test_attention_kernel_cudnn_off_a_gpu_is_one_config_error():
-  cudnn = BertConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "attention_kernel": "cudnn",
+  cudnn = ModelConfig(**{**NO_ATTENTION_DROPOUT.to_dict(), "attention_kernel": "cudnn",
                         "dtype": "bfloat16"})
   with pytest.raises(ConfigError, match="attention_kernel='cudnn' needs an NVIDIA GPU"):
     _init(cudnn)
@@ -293,7 +293,7 @@ def test_attention_kernel_cudnn_off_a_gpu_is_one_config_error():
 ])
 def test_impossible_model_config_names_the_field(change, field):
   with pytest.raises(ConfigError, match=field):
-    BertConfig(**{**SMALL.to_dict(), **change}).validate()
+    ModelConfig(**{**SMALL.to_dict(), **change}).validate()
 
 
 @pytest.mark.parametrize("rng", ["hash", "threefry", "rbg", "unsafe_rbg"])
@@ -368,7 +368,7 @@ def test_exact_gelu_is_jax_s_exact_gelu_in_value_and_gradient(dtype, tol):
   # The model writes it in the reference BERT's erf form; the tails (x = -12: 1 + erf
   # cancels) and the gradient must still be jax.nn.gelu's, to rounding.
   x = jnp.linspace(-12.0, 12.0, 4001).astype(dtype)
-  config = BertConfig(vocab_size=8, gelu_approximate=False)
+  config = ModelConfig(vocab_size=8, gelu_approximate=False)
   ours, ref = (lambda v: gelu(config, v)), (lambda v: jax.nn.gelu(v, approximate=False))
   for f in (lambda g: g, jax.grad):
     a, b = (np.asarray(jax.vmap(f(g))(x), np.float32) for g in (ours, ref))

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from bert_jax.errors import ConfigError
+from bert_jax.data.tokenizer import SpecialIds
 from bert_jax.io import hf_modernbert
-from bert_jax.model import family, losses
-from bert_jax.model.config import BertConfig
+from bert_jax.model import build, losses
+from bert_jax.settings.model import ModelConfig
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -58,7 +59,7 @@ def hf_model(seed: int = 0, **overrides):
 def ours_of(model, pad_multiple: int = 8):
   config = dataclasses.replace(hf_modernbert.config_from_hf(model.config.to_dict(), "test"),
                                vocab_pad_multiple=pad_multiple)
-  abstract = nn.meta.unbox(family.abstract_params(config))
+  abstract = nn.meta.unbox(build.abstract_params(config))
   state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
   params, missing, unused = hf_modernbert.hf_state_to_params(state, config, abstract,
                                                               source="test")
@@ -79,7 +80,7 @@ def forward(config, params, ids, mask, positions=None, documents=None):
   B, L = ids.shape
   positions = (jnp.broadcast_to(jnp.arange(L), (B, L)) if positions is None
                else jnp.asarray(positions))
-  return family.pretraining_model(config).apply(
+  return build.pretraining_model(config).apply(
       {"params": params}, jnp.asarray(ids, jnp.int32), jnp.zeros((B, L), jnp.int32),
       jnp.asarray(mask, jnp.int32), positions, output_hidden_states=True,
       documents_BxL=documents)
@@ -200,8 +201,7 @@ def test_export_loads_in_transformers_own_class_with_the_same_outputs(tmp_path):
   from bert_jax.io import convert
   model = hf_model(**SHAPES["no_biases_window_longer_than_the_row"])
   config, params = ours_of(model)
-  convert.write_modernbert_hf(str(tmp_path / "hf"), params, config,
-                              {"pad": 0, "cls": 2, "sep": 3, "mask": 4})
+  convert.write_hf(str(tmp_path / "hf"), params, config, SpecialIds(0, 1, 2, 3, 4))
   loaded = transformers.AutoModelForMaskedLM.from_pretrained(
       str(tmp_path / "hf"), attn_implementation="eager").eval()
   assert type(loaded).__name__ == "ModernBertForMaskedLM"
@@ -217,7 +217,7 @@ def test_a_save_pretrained_model_imports_with_its_outputs(tmp_path):
   from bert_jax.io import convert
   model = hf_model(**SHAPES["odd_layers_short_window_biases"])
   model.save_pretrained(str(tmp_path / "saved"))
-  config, params, _ = convert.read_modernbert_hf(str(tmp_path / "saved"))
+  config, params, _ = convert.read_hf(str(tmp_path / "saved"))
   ids, mask = batch()
   with torch.no_grad():
     want = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
@@ -229,7 +229,7 @@ def test_a_save_pretrained_model_imports_with_its_outputs(tmp_path):
   model.model.save_pretrained(str(tmp_path / "bare"))
   with open(tmp_path / "bare" / "config.json") as f:
     assert json.load(f)["architectures"] == ["ModernBertModel"]
-  _, bare, report = convert.read_modernbert_hf(str(tmp_path / "bare"))
+  _, bare, report = convert.read_hf(str(tmp_path / "bare"))
   assert report.groups["mlm"] == "initialised"
   np.testing.assert_array_equal(bare["bert"]["tok_embeddings"]["embedding"],
                                 params["bert"]["tok_embeddings"]["embedding"])
@@ -310,7 +310,7 @@ def test_the_family_trains_only_with_the_mlm_objective():
                                           ("local_rope_theta", float("nan"))])
 def test_a_bad_modernbert_field_is_one_line_naming_it(field, value):
   with pytest.raises(ConfigError) as e:
-    BertConfig(vocab_size=10, family="modernbert", hidden_size=32, num_heads=4,
+    ModelConfig(vocab_size=10, family="modernbert", hidden_size=32, num_heads=4,
                **{field: value}).validate()
   assert f"config.model.{field}" in str(e.value) and "\n" not in str(e.value)
 
@@ -318,12 +318,12 @@ def test_a_bad_modernbert_field_is_one_line_naming_it(field, value):
 def test_bert_is_unchanged_by_the_family_field():
   """The default family builds the very tree and values BERT always had."""
   from bert_jax.model import bert
-  c = BertConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+  c = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
   ids = jnp.ones((1, 8), jnp.int32)
   want = nn.meta.unbox(bert.BertForPreTraining(c).init(
       {"params": jax.random.key(0), "dropout": jax.random.key(0)}, ids, ids, ids,
       jnp.zeros((1, 1), jnp.int32))["params"])
-  got = family.init_params(c, jax.random.key(0))
+  got = build.init_params(c, jax.random.key(0))
   assert jax.tree.structure(got) == jax.tree.structure(want)
   assert all(bool((a == b).all()) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
@@ -331,7 +331,7 @@ def test_bert_is_unchanged_by_the_family_field():
 def test_hf_config_round_trips():
   model = hf_model(**SHAPES["odd_layers_short_window_biases"])
   config, _ = ours_of(model, pad_multiple=1)
-  back = hf_modernbert.hf_config(config, {"pad": 0, "cls": 2, "sep": 3, "mask": 4})
+  back = hf_modernbert.hf_config(config, SpecialIds(0, 1, 2, 3, 4))
   again = hf_modernbert.config_from_hf(back, "test")
   assert again == config
   assert os.path.basename(__file__)  # (a module-level file, for pytest's rewrite)
@@ -370,7 +370,7 @@ def test_each_phase_applies_its_own_rope_base_to_the_same_parameters():
   from bert_jax.train.steps import make_steps
   s = _extension_settings(**{"train.phase_rope_thetas": (10000.0, 160000.0)})
   assert [ph.rope_theta for ph in s.train.phases] == [10000.0, 160000.0]
-  steps = make_steps(s, 300, [0, 1, 2, 3, 4], 4)
+  steps = make_steps(s, 300, SpecialIds(0, 1, 2, 3, 4))
   assert steps.config_at(0).global_rope_theta == 10000.0
   assert steps.config_at(1) == steps.bert_config  # 160000: default_config's base
   params, _ = steps.init_state()

@@ -19,14 +19,14 @@ from bert_jax.data.prep_store import HEADER
 from bert_jax.errors import ConfigError
 from bert_jax.model import losses
 from bert_jax.model.bert import BertForPreTraining, BertModel
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.settings import DataSettings
 import soak_kill
 import tiny_run
 from test_prepare_workers import prepared_bytes
 
 CLS, SEP = 2, 3
-CONFIG = BertConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+CONFIG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                     intermediate_size=64, max_position_embeddings=32, vocab_pad_multiple=16,
                     dropout_rate=0.0, attention_dropout_rate=0.0)
 L = 24

@@ -28,7 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 from bert_jax.io import checkpointing, convert, hf_weights
 from bert_jax.commands import convert as convert_cli
 from bert_jax.model import losses
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.model.bert import BertForPreTraining, BertModel
 from bert_jax.data.tokenizer import Tokenizer  # noqa: E402
 
@@ -49,7 +49,7 @@ def minilm(tmp_path_factory):
   assert convert_cli.main(["from-hf", minilm_dir(), str(out / "ckpt")]) == 0
   params, meta = checkpointing.restore_params(str(out / "ckpt"))
   hf = transformers.BertModel.from_pretrained(minilm_dir()).eval()
-  return (BertConfig.from_dict(meta["model_config"]), params,
+  return (ModelConfig.from_dict(meta["model_config"]), params,
           Tokenizer(meta["vocab"], meta["lowercase"]), hf)
 
 
@@ -161,7 +161,7 @@ def small(request, tmp_path_factory):
   params, meta = checkpointing.restore_params(str(d / "ckpt"))
   assert meta["heads"] == {"encoder": "imported", "pooler": "imported", "mlm": "imported",
                            "nsp": "imported"}
-  return BertConfig.from_dict(meta["model_config"]), params, hf, d
+  return ModelConfig.from_dict(meta["model_config"]), params, hf, d
 
 
 def _pretraining_batch():

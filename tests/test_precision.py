@@ -8,15 +8,15 @@ import pytest
 
 from bert_jax.model import losses, precision
 from bert_jax.errors import ConfigError
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.model.bert import BertForPreTraining, BertModel
 
 pytestmark = pytest.mark.slow  # trains or starts processes: the full suite, not the fast tier
 
 SMALL = dict(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
              max_position_embeddings=64, vocab_pad_multiple=128)
-F32 = BertConfig(**SMALL)
-MIXED = BertConfig(**SMALL, dtype="bfloat16")
+F32 = ModelConfig(**SMALL)
+MIXED = ModelConfig(**SMALL, dtype="bfloat16")
 B, L, P = 2, 16, 3
 
 
@@ -110,7 +110,7 @@ N_FORWARD_DOTS = 8 * SMALL["num_layers"] + 4
 
 @pytest.mark.parametrize("remat", [False, True])
 def test_every_forward_dot_is_bf16_operands_with_f32_accumulation(remat):
-  config = BertConfig(**SMALL, dtype="bfloat16", remat=remat)
+  config = ModelConfig(**SMALL, dtype="bfloat16", remat=remat)
   params = _params(config)
   ids, seg, mask, pos, _ = _inputs()
   fwd = lambda p: BertForPreTraining(config).apply({"params": p}, ids, seg, mask, pos)
@@ -120,7 +120,7 @@ def test_every_forward_dot_is_bf16_operands_with_f32_accumulation(remat):
 @pytest.mark.parametrize("remat, policy", [(False, "full"), (True, "full"), (True, "save_dots")])
 def test_every_dot_of_the_pretraining_gradient_is_bf16_operands_with_f32_accumulation(
     remat, policy):
-  config = BertConfig(**SMALL, dtype="bfloat16", remat=remat, remat_policy=policy)
+  config = ModelConfig(**SMALL, dtype="bfloat16", remat=remat, remat_policy=policy)
   jaxpr = jax.make_jaxpr(jax.grad(_loss_fn(config)))(_params(config))
   _assert_all_dots_mixed(jaxpr, 3 * N_FORWARD_DOTS)  # forward + two gradient dots each
 
@@ -173,7 +173,7 @@ def test_explicit_dtypes_are_returned_unchanged(dtype):
 
 def test_unresolved_auto_dtype_is_rejected_by_the_model_config():
   with pytest.raises(ConfigError, match="resolve_dtype"):
-    BertConfig(**SMALL, dtype="auto").validate()
+    ModelConfig(**SMALL, dtype="auto").validate()
 
 
 # --- training -----------------------------------------------------------------
@@ -224,7 +224,7 @@ def _train_and_eval(config, steps=700, batch=32, seed=0):
 
 def test_mixed_training_reaches_the_float32_heldout_mlm_accuracy():
   config = dict(SMALL, num_layers=1, max_position_embeddings=32, num_heads=2)
-  f32 = _train_and_eval(BertConfig(**config))
-  mixed = _train_and_eval(BertConfig(**config, dtype="bfloat16"))
+  f32 = _train_and_eval(ModelConfig(**config))
+  mixed = _train_and_eval(ModelConfig(**config, dtype="bfloat16"))
   assert f32 > 0.85, f32  # the task was learnt (best constant guess: ~0.02)
   assert abs(mixed - f32) < 0.01, (f32, mixed)

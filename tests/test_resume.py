@@ -40,7 +40,7 @@ def written(tmp_path_factory):
   root = tmp_path_factory.mktemp("resume")
   s = settings.from_config(soak_kill.tiny_config(str(root / "prepared"), 8))
   tok = Tokenizer(VOCAB, True)
-  steps = make_steps(s, tok.vocab_size, tok.special_ids(), tok.mask_id)
+  steps = make_steps(s, tok.vocab_size, tok.special_ids())
   params, opt_state = steps.init_state()
   ckpts = RunCheckpoints(str(root / "run" / "checkpoints"), 3, steps, _meta_base(steps))
   for step in STEPS:

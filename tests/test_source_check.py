@@ -23,7 +23,7 @@ from bert_jax.commands import convert as convert_cli
 from bert_jax.train import init_from
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.io.hf_weights import hf_config_from_bert, tensor_spec
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.trainer import train_and_evaluate
 import soak_kill
@@ -41,7 +41,7 @@ def write_source(path: str) -> str:
   """A random BertForPreTraining as a HuggingFace directory: config.json,
   model.safetensors, vocab.txt."""
   tok = Tokenizer.train(toy_texts(), 200, lowercase=True)
-  config = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
+  config = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=1, num_heads=2,
                       intermediate_size=64, max_position_embeddings=64, vocab_pad_multiple=1,
                       dtype="float32")
   rng = np.random.default_rng(0)

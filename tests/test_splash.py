@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.model import family, precision, splash
-from bert_jax.model.config import BertConfig
+from bert_jax.model import build, precision, splash
+from bert_jax.settings.model import ModelConfig
 
 B, L, H, K = 2, 128, 2, 16
 
@@ -80,10 +80,10 @@ def test_bf16_inputs_agree_within_bf16_tolerance():
 def test_a_model_with_splash_equals_it_with_einsum_on_padded_and_packed_rows(family_name):
   extra = ({"local_attention": 16, "global_attn_every_n_layers": 2, "layer_norm_eps": 1e-5}
            if family_name == "modernbert" else {})
-  c = BertConfig(vocab_size=64, family=family_name, hidden_size=32, num_layers=3, num_heads=2,
+  c = ModelConfig(vocab_size=64, family=family_name, hidden_size=32, num_layers=3, num_heads=2,
                  intermediate_size=48, max_position_embeddings=L, dropout_rate=0.0,
                  attention_dropout_rate=0.0, **extra)
-  params = family.init_params(c, jax.random.key(0))
+  params = build.init_params(c, jax.random.key(0))
   rng = np.random.default_rng(0)
   for kind in ("padded", "packed3"):
     mask, docs = _rows(kind)
@@ -91,7 +91,7 @@ def test_a_model_with_splash_equals_it_with_einsum_on_padded_and_packed_rows(fam
     args = (jnp.asarray(ids), jnp.zeros((B, L), jnp.int32), jnp.asarray(mask),
             jnp.zeros((B, 4), jnp.int32))
     kw = {"documents_BxL": None if docs is None else jnp.asarray(docs)}
-    outs = [family.pretraining_model(dataclasses.replace(c, attention_kernel=kernel)).apply(
+    outs = [build.pretraining_model(dataclasses.replace(c, attention_kernel=kernel)).apply(
         {"params": params}, *args, **kw).encoder.sequence_BxLxD
             for kernel in ("einsum", "splash")]
     real = mask.astype(bool)
@@ -102,7 +102,7 @@ def test_a_model_with_splash_equals_it_with_einsum_on_padded_and_packed_rows(fam
 def test_attention_dropout_with_splash_is_one_line():
   from bert_jax.errors import ConfigError
   with pytest.raises(ConfigError) as e:
-    BertConfig(vocab_size=8, hidden_size=32, num_heads=2, attention_kernel="splash",
+    ModelConfig(vocab_size=8, hidden_size=32, num_heads=2, attention_kernel="splash",
                attention_dropout_rate=0.1).validate()
   assert "attention_dropout_rate" in str(e.value) and "\n" not in str(e.value)
 

@@ -37,7 +37,7 @@ def test_trained_vocab_puts_specials_first_in_order():
   tok = trained()
   assert tok.vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
   assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
-  assert tok.special_ids() == [0, 1, 2, 3, 4]
+  assert list(tok.special_ids()) == [0, 1, 2, 3, 4]
 
 
 def test_trained_vocab_has_exactly_vocab_size_when_corpus_is_big_enough():

@@ -18,6 +18,7 @@ import bert_jax
 from bert_jax import settings as settings_lib
 from bert_jax.model import precision
 from bert_jax.planner import fit_search, hlo, plan as plan_lib, plan_report, topology
+from bert_jax.data.tokenizer import SpecialIds
 from bert_jax.errors import TopologyError
 
 import configs.base as base
@@ -295,7 +296,7 @@ def test_mixed_dot_is_plain_for_tpu_and_gpu_and_laid_out_for_cpu():
 def test_train_steps_take_the_platform_of_their_mesh():
   from bert_jax import trainer
   s = tiny_settings()
-  steps = trainer.make_steps(s, 512, [0, 1, 2, 3, 4], 4)
+  steps = trainer.make_steps(s, 512, SpecialIds(0, 1, 2, 3, 4))
   assert steps.platform == "cpu"
 
 

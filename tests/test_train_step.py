@@ -7,6 +7,7 @@ import pytest
 
 from bert_jax import settings
 from bert_jax.parallel import sharding
+from bert_jax.data.tokenizer import SpecialIds
 from bert_jax.errors import ConfigError
 from bert_jax.data.pretraining_data import Batch
 from bert_jax.trainer import make_steps
@@ -41,7 +42,7 @@ def _batch(seed=0, batch=16):
 
 
 def _steps(config, mesh=None):
-  return make_steps(settings.from_config(config), VOCAB, [0, 1, 2, 3, 4], 4, mesh=mesh)
+  return make_steps(settings.from_config(config), VOCAB, SpecialIds(0, 1, 2, 3, 4), mesh=mesh)
 
 
 def _run(config, devices, steps=2):

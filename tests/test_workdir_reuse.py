@@ -89,11 +89,11 @@ def test_a_vocabulary_of_another_size_is_named_as_such_not_as_a_config_value():
   # Same data settings, another vocabulary (e.g. prepared/ deleted and WordPiece
   # trained again): the error names the two vocabularies, not "the config asks for".
   from bert_jax.errors import CheckpointError
-  from bert_jax.model.config import BertConfig
+  from bert_jax.settings.model import ModelConfig
   from bert_jax.train.resume import check_resume_compatible
   with pytest.raises(CheckpointError, match=r"vocabulary of 4096 tokens but this run's "
                                             r"prepared vocabulary has 885") as e:
-    check_resume_compatible({"model_config": BertConfig(4096).to_dict()}, BertConfig(885),
+    check_resume_compatible({"model_config": ModelConfig(4096).to_dict()}, ModelConfig(885),
                             "runs/tiny/checkpoints")
   assert "config asks for" not in str(e.value)
 

@@ -3,7 +3,7 @@
 
     tiny_run.config(**{"train.num_steps": 8})   # a ConfigDict for train_and_evaluate
     tiny_run.flags(**{"train.num_steps": 8})    # the same as train.py flags
-    tiny_run.bert_config(len(VOCAB))            # the same model as a BertConfig
+    tiny_run.bert_config(len(VOCAB))            # the same model as a ModelConfig
 
 Tests add what their case needs (keys are dotted config fields).
 """
@@ -38,9 +38,9 @@ def flags(**extra) -> list[str]:
 
 
 def bert_config(vocab_size: int, **changes):
-  """The tiny model as a `BertConfig`, for tests that build a checkpoint directly
+  """The tiny model as a `ModelConfig`, for tests that build a checkpoint directly
   (features, probes, fine-tuning): MODEL's width, 2 layers, 64 positions."""
-  from bert_jax.model.config import BertConfig  # pylint: disable=import-outside-toplevel
-  return BertConfig(**{"vocab_size": vocab_size, "hidden_size": 32, "num_layers": 2,
+  from bert_jax.settings.model import ModelConfig  # pylint: disable=import-outside-toplevel
+  return ModelConfig(**{"vocab_size": vocab_size, "hidden_size": 32, "num_layers": 2,
                        "num_heads": 4, "intermediate_size": 64, "max_position_embeddings": 64,
                        "vocab_pad_multiple": 16, **changes})

@@ -54,9 +54,9 @@ def _state():
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from bert_jax.model.family import abstract_params
-  from bert_jax.model.config import BertConfig
-  config = BertConfig(vocab_size=30522)  # BERT-Base: 12 layers, hidden 768
+  from bert_jax.model.build import abstract_params
+  from bert_jax.settings.model import ModelConfig
+  config = ModelConfig(vocab_size=30522)  # BERT-Base: 12 layers, hidden 768
   import flax.linen as nn
   shapes = nn.meta.unbox(abstract_params(config))
   rng = np.random.default_rng(0)

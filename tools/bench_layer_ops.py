@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 from bert_jax.model import precision  # noqa: E402
 from bert_jax.model.bert import gelu  # noqa: E402
-from bert_jax.model.config import BertConfig  # noqa: E402
+from bert_jax.settings.model import ModelConfig  # noqa: E402
 
 B, L, H, K = 32, 128, 12, 64
 D, F = H * K, 4 * H * K
@@ -85,7 +85,7 @@ def jax_ops(rng: np.random.Generator) -> dict:
     o = e("bhqs,bshk->bhqk", p, v) / p.sum(-1, keepdims=True)
     return o.transpose(0, 2, 1, 3)
 
-  exact = BertConfig(vocab_size=8)  # the model's exact GELU
+  exact = ModelConfig(vocab_size=8)  # the model's exact GELU
 
   def ffn_out_gelu_ln(h, w, r):
     return _layer_norm(r + gelu(exact, h) @ w)

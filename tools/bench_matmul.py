@@ -12,7 +12,7 @@ at 2048^2 and at BERT-Base layer shapes, each in the forward layout (NN:
 X @ W) and the two layouts the backward uses (NT: G @ W^T, TN: X^T @ G),
 plus the batched attention einsums. Then forward and train-step timings of a
 small BERT (L4 H256, B32 x 128) and a BERT-Base forward (B8 x 128) in
-float32 vs mixed mode (BertConfig.dtype='bfloat16'), all in one process.
+float32 vs mixed mode (ModelConfig.dtype='bfloat16'), all in one process.
 
   python tools/bench_matmul.py [--quick] [--out FILE]
 """
@@ -121,7 +121,7 @@ def _model_timings(quick: bool, out):
   import flax.linen as nn
   import optax
   from bert_jax.model import losses
-  from bert_jax.model.config import BertConfig
+  from bert_jax.settings.model import ModelConfig
   from bert_jax.model.bert import BertForPreTraining, BertModel
 
   reps = 2 if quick else 5
@@ -139,7 +139,7 @@ def _model_timings(quick: bool, out):
     return ids, jnp.zeros_like(ids), jnp.ones_like(ids), pos, labels
 
   def forward_ms(kw, b, length, dtype):
-    cfg = BertConfig(**kw, dtype=dtype, dropout_rate=0.1)
+    cfg = ModelConfig(**kw, dtype=dtype, dropout_rate=0.1)
     ids, seg, mask, _, _ = data(b, length, 1)
     model = BertModel(cfg)
     params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), ids[:1], seg[:1], mask[:1]))["params"]
@@ -147,7 +147,7 @@ def _model_timings(quick: bool, out):
     return 1e3 * _time(fn, params, reps=reps)
 
   def train_ms(kw, b, length, p, dtype):
-    cfg = BertConfig(**kw, dtype=dtype)
+    cfg = ModelConfig(**kw, dtype=dtype)
     ids, seg, mask, pos, labels = data(b, length, p)
     model = BertForPreTraining(cfg)
     params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), ids[:1], seg[:1], mask[:1],

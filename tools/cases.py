@@ -11,10 +11,11 @@ import dataclasses
 
 import numpy as np
 
+from bert_jax.data.tokenizer import SpecialIds
 from bert_jax.model import flops
 from configs import base, tiny
 
-SPECIAL_IDS = [0, 1, 2, 3, 4]  # [PAD] [UNK] [CLS] [SEP] [MASK], as bert_jax.data.tokenizer
+SPECIAL_IDS = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)  # as bert_jax.data.tokenizer
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 
 

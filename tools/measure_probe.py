@@ -40,7 +40,7 @@ from bert_jax.errors import BertJaxError  # noqa: E402
 from bert_jax.eval import probe, tasks  # noqa: E402
 from bert_jax.features.extract import Extractor  # noqa: E402
 from bert_jax.commands import common  # noqa: E402
-from bert_jax.model.family import init_params  # noqa: E402
+from bert_jax.model.build import init_params  # noqa: E402
 from tools import readme_block  # noqa: E402
 from tools.measure_quickstart import cpu_name  # noqa: E402
 

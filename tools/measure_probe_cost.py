@@ -48,20 +48,21 @@ def main() -> None:
   from bert_jax.data.pretraining_data import Batch
   from bert_jax.data.tokenizer import Tokenizer
   from bert_jax.parallel import sharding
-  from bert_jax.model.config import BertConfig
-  from bert_jax.settings import MaskingSettings, OptimizerSettings, ProbeSettings
+  from bert_jax import default_config, settings
+  from bert_jax.settings import ProbeSettings
   from bert_jax.eval import training_probes as probes
-  from bert_jax.train.steps import TrainSteps
+  from bert_jax.train.steps import make_steps
 
   with open(os.path.join(ROOT, "data", "corpus.txt"), encoding="utf-8") as f:
     lines = [l.strip() for l in f if l.strip()]
   tok = Tokenizer.train(lines, vocab_size=1000, lowercase=True)
-  config = BertConfig(vocab_size=tok.vocab_size, hidden_size=args.hidden,
-                      num_layers=args.layers, num_heads=max(1, args.hidden // 64),
-                      intermediate_size=4 * args.hidden, dtype="float32")
-  mesh = sharding.make_mesh(1)
-  steps = TrainSteps(config, OptimizerSettings(), MaskingSettings(), tok.special_ids(),
-                     tok.mask_id, mesh)
+  c = default_config.get_config()
+  c.model.update(hidden_size=args.hidden, num_layers=args.layers,
+                 num_heads=max(1, args.hidden // 64), intermediate_size=4 * args.hidden,
+                 dtype="float32")
+  steps = make_steps(settings.from_config(c), tok.vocab_size, tok.special_ids(),
+                     mesh=sharding.make_mesh(1))
+  config = steps.bert_config
   params, _ = steps.init_state()
   B, L = args.batch_size, args.seq_len
   rs = np.random.RandomState(0)

@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bert_jax.model import family as model_lib
+from bert_jax.model import build as model_build
 from bert_jax.model import precision
 from bert_jax import settings as settings_lib
 from bert_jax.parallel import sharding
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.model.bert import BertModel
 from bert_jax.data.pretraining_data import Batch
 from bert_jax.trainer import make_steps
@@ -37,7 +37,7 @@ class BuiltStep:
   run: Callable[[int], None]
   compiled: Any  # jax.stages.Compiled: `.as_text()` is the optimized HLO
   compile_s: float  # jit lower + compile
-  bert_config: BertConfig
+  bert_config: ModelConfig
 
 
 def ours_config(size: ModelSize, case: Case, dtype: str,
@@ -89,7 +89,7 @@ def build_case(name: str, dtype: str, batch_size: int = 0,
 
 def _build_train(s: settings_lib.Settings, case: Case, size: ModelSize, mesh,
                  batch: Batch) -> BuiltStep:
-  steps = make_steps(s, size.vocab_size, cases.SPECIAL_IDS, cases.MASK, mesh=mesh)
+  steps = make_steps(s, size.vocab_size, cases.SPECIAL_IDS, mesh=mesh)
   state = list(steps.init_state())
   gb = sharding.global_batch(batch, mesh)
   t = time.perf_counter()
@@ -103,10 +103,10 @@ def _build_train(s: settings_lib.Settings, case: Case, size: ModelSize, mesh,
   return BuiltStep(run, compiled, compile_s, steps.bert_config)
 
 
-def _build_features(bert_config: BertConfig, batch: Batch) -> BuiltStep:
+def _build_features(bert_config: ModelConfig, batch: Batch) -> BuiltStep:
   model = BertModel(bert_config)
   # The encoder of a fresh pre-training tree; XLA drops the heads' init.
-  params = jax.jit(lambda k: model_lib.init_params(bert_config, k)["bert"])(jax.random.key(0))
+  params = jax.jit(lambda k: model_build.init_params(bert_config, k)["bert"])(jax.random.key(0))
   ids, seg, msk = (jax.device_put(x) for x in (
       batch.input_ids_BxL, batch.segment_ids_BxL, batch.input_mask_BxL))
 

@@ -16,11 +16,11 @@ from typing import Optional
 from bert_jax.commands import common
 from bert_jax.io.convert import export_hf, import_hf, import_tf
 from bert_jax.io.hf_weights import ENCODER, GROUP_NAMES, POOLER
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.storage import fs, outputs
 
 
-def _describe(config: BertConfig) -> str:
+def _describe(config: ModelConfig) -> str:
   act = "tanh-approximate GELU" if config.gelu_approximate else "exact GELU"
   return (f"{config.num_layers} layers, hidden {config.hidden_size}, {config.num_heads} heads, "
           f"intermediate {config.intermediate_size}, vocab {config.vocab_size}, "
@@ -30,7 +30,7 @@ def _describe(config: BertConfig) -> str:
 
 def _print_import(meta: dict, heads: bool) -> None:
   print(f"imported {meta['source']} -> {meta['checkpoint']}")
-  print(f"  model: {_describe(BertConfig.from_dict(meta['model_config']))}")
+  print(f"  model: {_describe(ModelConfig.from_dict(meta['model_config']))}")
   print(f"  lowercase: {meta['lowercase']} ({meta['lowercase_from']})")
   for group, state in meta["heads"].items():
     if group != ENCODER:

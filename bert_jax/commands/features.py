@@ -34,7 +34,7 @@ from bert_jax.storage.workdir import Workdir
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.features.extract import DTYPES, POOLINGS, Extractor, Features
 from bert_jax.data.tokenizer import CLS, SEP
-from bert_jax.model.config import ATTENTION_KERNELS, CPU_FORWARD_DOTS
+from bert_jax.settings.model import ATTENTION_KERNELS, CPU_FORWARD_DOTS
 
 
 class InputFileError(BertJaxError):

@@ -26,6 +26,7 @@ import os
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import tokenizers
@@ -37,6 +38,16 @@ from bert_jax.errors import ConfigError
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 CONTINUATION_PREFIX = "##"
+
+
+class SpecialIds(NamedTuple):
+  """A vocabulary's ids of [PAD], [UNK], [CLS], [SEP] and [MASK]: the one record of them
+  that masking, packing, the train step and an export's config.json read by name."""
+  pad: int
+  unk: int
+  cls: int
+  sep: int
+  mask: int
 VOCAB_FILE = "vocab.txt"
 CONFIG_FILE = "tokenizer_config.json"
 # Longer "words" (URLs, base64, ...) become [UNK] rather than dozens of pieces.
@@ -132,9 +143,9 @@ class Vocabulary:
   def mask_id(self) -> int:
     return self._ids[MASK]
 
-  def special_ids(self) -> list[int]:
-    """Ids of [PAD], [UNK], [CLS], [SEP], [MASK] in that order."""
-    return [self._ids[t] for t in SPECIAL_TOKENS]
+  def special_ids(self) -> SpecialIds:
+    """Ids of [PAD], [UNK], [CLS], [SEP], [MASK], by name."""
+    return SpecialIds(*(self._ids[t] for t in SPECIAL_TOKENS))
 
 
 class Tokenizer(Vocabulary):

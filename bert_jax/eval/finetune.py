@@ -63,7 +63,7 @@ from bert_jax.eval import finetune_report as report, metrics as metrics_lib, tas
 from bert_jax.eval.classifier import SequenceClassifier, init_head, with_head
 from bert_jax.eval.finetune_data import Split, encode_split, pad_batch, plan_batches
 from bert_jax.eval.finetune_report import RESULTS_FILE, RunResult, run_name, summarize
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.settings import OptimizerSettings
 from bert_jax.data import bpe
 from bert_jax.data.bpe import AnyTokenizer
@@ -139,7 +139,7 @@ class Recipe:
 class FineTuner:
   """One task and one checkpoint: its data encoded once, its steps compiled once per bucket."""
 
-  def __init__(self, params: Any, config: BertConfig, tokenizer: AnyTokenizer,
+  def __init__(self, params: Any, config: ModelConfig, tokenizer: AnyTokenizer,
                task: tasks_lib.Task, recipe: Recipe, *, meta: Optional[dict] = None,
                devices: Optional[Sequence[Any]] = None):
     """`params`: the BertModel tree, or {"bert": it, the family's head} (with_head)."""

@@ -30,7 +30,7 @@ from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.eval import probe, tasks
 from bert_jax.eval.task_types import Task
 from bert_jax.features.extract import Extractor
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.settings import ProbeSettings
 
 # Probe inputs are single sentences or pairs: longer buckets would only pad.
@@ -45,7 +45,7 @@ def load_tasks(s: ProbeSettings) -> list[Task]:
 class RunProbes:
   """Probes one run's parameters on its tasks; the time spent is counted apart."""
 
-  def __init__(self, s: ProbeSettings, task_list: list[Task], config: BertConfig,
+  def __init__(self, s: ProbeSettings, task_list: list[Task], config: ModelConfig,
                tokenizer: Tokenizer, seed: int):
     self.s, self.tasks, self.config, self.tokenizer, self.seed = s, task_list, config, tokenizer, seed
     self.seconds = 0.0
@@ -58,7 +58,7 @@ class RunProbes:
   def describe(metrics: dict[str, float]) -> str:
     return describe(metrics)
 
-  def run(self, params: Any, config: Optional[BertConfig] = None) -> dict[str, float]:
+  def run(self, params: Any, config: Optional[ModelConfig] = None) -> dict[str, float]:
     """{"<task>/<metric>": value, "<task>/num_eval": n, ...} of `params` (a pre-training tree).
     `config`: the model as the current phase trains it (its RoPE base), if not the run's."""
     start = time.perf_counter()

@@ -45,9 +45,9 @@ from bert_jax.parallel import sharding
 from bert_jax.features import restore
 from bert_jax.io import checkpointing
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.model import precision
-from bert_jax.model.family import encoder_model
+from bert_jax.model.build import encoder_model
 from bert_jax.data.tokenizer import Tokenizer
 
 POOLINGS = ("cls", "mean", "pooler", "none")
@@ -196,7 +196,7 @@ def resolve_layers(layers: Sequence[int] | str, num_layers: int) -> tuple[int, .
 class Extractor:
   """A BertModel with restored params, jitted once per padded length."""
 
-  def __init__(self, params: Any, config: BertConfig, tokenizer: Tokenizer, *,
+  def __init__(self, params: Any, config: ModelConfig, tokenizer: Tokenizer, *,
                dtype: str = "float32", max_length: Optional[int] = None,
                batch_size: int = 32, devices: Optional[Sequence[Any]] = None,
                mesh: Optional[Mesh] = None, attention_kernel: str = "einsum",
@@ -207,7 +207,7 @@ class Extractor:
     With `mesh` (a training run's, over every process's devices) the parameters
     stay as they are sharded there (replicated or FSDP), every process passes
     the same inputs, and every process gets every feature (multi-host probes).
-    `attention_kernel` is BertConfig's ('cudnn': cuDNN's fused attention on a GPU), and
+    `attention_kernel` is ModelConfig's ('cudnn': cuDNN's fused attention on a GPU), and
     so is `cpu_forward_dots` (None: the config's).
     """
     if dtype not in DTYPES:

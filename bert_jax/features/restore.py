@@ -18,11 +18,11 @@ from bert_jax.parallel import sharding
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.io import checkpointing
 from bert_jax.model import family
-from bert_jax.model.family import abstract_params
-from bert_jax.model.config import BertConfig
+from bert_jax.model.build import abstract_params
+from bert_jax.settings.model import ModelConfig
 
 
-def _check_params(params: Any, config: BertConfig, where: str) -> None:
+def _check_params(params: Any, config: ModelConfig, where: str) -> None:
   """The restored tree must be exactly the tree `config` builds."""
   want = nn.meta.unbox(abstract_params(config))["bert"]  # the encoder of the pre-training tree
   name = lambda path: "/".join(str(getattr(k, "key", k)) for k in path)
@@ -44,14 +44,14 @@ def _check_params(params: Any, config: BertConfig, where: str) -> None:
 def load_checkpoint(path: str, step: Optional[int] = None,
                     expect_config: Optional[Mapping[str, Any]] = None,
                     devices: Optional[Sequence[Any]] = None, *, head: bool = False
-                    ) -> tuple[Any, BertConfig, AnyTokenizer, dict]:
+                    ) -> tuple[Any, ModelConfig, AnyTokenizer, dict]:
   """(encoder params, config, tokenizer, meta) of a workdir, checkpoints/ or step dir.
 
   Only the params are restored (never the optimizer state), replicated over
   `devices`; the BertModel tree is returned (a pre-training tree's heads are
   dropped). `expect_config` (e.g. {"num_layers": 12}) must match the
   checkpoint's model config field by field. `head`: the tree is {"bert": encoder, and
-  the family's prediction head (`family.head_params`) where the checkpoint has it}, as a
+  the family's prediction head (its record's `head_params`) where the checkpoint has it}, as a
   fine-tuning classifier starts from.
   """
   if os.path.isfile(path):
@@ -65,7 +65,7 @@ def load_checkpoint(path: str, step: Optional[int] = None,
       raise CheckpointError(f"checkpoint {path}: its meta has no '{key}'; expected a "
                             "checkpoint written by train.py or bert_jax.io.convert")
   try:
-    config = BertConfig.from_dict(meta["model_config"]).validate()
+    config = ModelConfig.from_dict(meta["model_config"]).validate()
   except (TypeError, ValueError) as e:
     raise CheckpointError(f"checkpoint {path}: unreadable model_config in meta ({e})") from None
   for key, want in (expect_config or {}).items():
@@ -77,7 +77,7 @@ def load_checkpoint(path: str, step: Optional[int] = None,
                             f"but {want!r} was expected")
   kept = {}
   if isinstance(params, Mapping) and "bert" in params:
-    kept = {k: params[k] for k in family.head_params(config) if k in params}
+    kept = {k: params[k] for k in family.of(config).head_params if k in params}
     params = params["bert"]  # a BertForPreTraining tree: heads are not needed
   _check_params(params, config, path)
   if head:

@@ -29,17 +29,16 @@ from typing import Optional
 
 from safetensors.numpy import save_file
 
-from bert_jax.io import checkpointing, hf_modernbert
+from bert_jax.io import checkpointing, hf_families
 from bert_jax.storage import fs
 from bert_jax.storage.outputs import atomic_output_dir, check_apart
 from bert_jax.storage.workdir import Workdir
 from bert_jax.io.hf_weights import (ConvertError, ImportReport, bert_config_from_hf,
-                                 hf_config_from_bert, hf_state_to_params, params_to_hf_state,
-                                 tf_to_hf)
+                                 hf_state_to_params, tf_to_hf)
 from bert_jax.io.sources import (check_dir, load_hf_weights, load_tf_checkpoint, read_json,
                                  read_hf_tokenizer, read_vocab, resolve_lowercase,
                                  tf_checkpoint_prefix)
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.data import bpe
 from bert_jax.data.bpe import AnyTokenizer
 
@@ -55,45 +54,40 @@ def _save_imported(out_dir: str, overwrite: bool, params: dict, meta: dict,
 # The three operations
 
 
-def _meta(config: BertConfig, tokenizer: AnyTokenizer, lowercase_from: str, source: str,
+def _meta(config: ModelConfig, tokenizer: AnyTokenizer, lowercase_from: str, source: str,
           report: ImportReport) -> dict:
   return {"model_config": config.to_dict(), **bpe.to_meta(tokenizer),
           "lowercase_from": lowercase_from, "step": 0,
           "source": source, "heads": dict(report.groups), "ignored": report.ignored}
 
 
-def read_modernbert_hf(hf_dir: str, seed: int = 0,
-                       heads: bool = True) -> tuple[BertConfig, dict, ImportReport]:
-  """(config, params, what was imported) of a transformers ModernBertForMaskedLM or
-  ModernBertModel directory (config.json + safetensors); a bare encoder's MLM head, or
-  any with `heads=False`, is initialised."""
+def read_hf(hf_dir: str, seed: int = 0,
+            heads: bool = True) -> tuple[ModelConfig, dict, ImportReport]:
+  """(config, params, what was imported) of a transformers directory of any family
+  (config.json + safetensors or a weights_only .bin); heads it lacks, or every head
+  with `heads=False`, are initialised from `seed`."""
   config_path = os.path.join(hf_dir, "config.json")
-  config = hf_modernbert.config_from_hf(read_json(config_path, "model config"), config_path)
-  config = dataclasses.replace(config, vocab_pad_multiple=128).validate()
+  hf_config = read_json(config_path, "model config")
+  mapping = hf_families.for_hf_config(hf_config)
+  config = mapping.config_from_hf(hf_config, config_path)
+  config = dataclasses.replace(config, vocab_pad_multiple=mapping.import_pad_multiple).validate()
   state, weights_file = load_hf_weights(hf_dir)
-  params, missing, unused = hf_modernbert.hf_state_to_params(
-      state, config, hf_modernbert.abstract_params(config), source=weights_file, heads=heads)
-  params = hf_modernbert.fill_missing(params, missing, config, seed)
-  report = ImportReport(groups={"encoder": "imported",
-                                "mlm": "initialised" if missing else "imported"},
-                        ignored=unused)
+  params, report = mapping.import_state(state, config, source=weights_file, heads=heads,
+                                        seed=seed)
   return config, params, report
 
 
-def write_modernbert_hf(out_dir: str, params: dict, config: BertConfig,
-                        special: dict, overwrite: bool = False,
-                        tokenizer: Optional[AnyTokenizer] = None,
-                        reads: tuple = (), classifier: Optional[dict] = None) -> None:
-  """A ModernBertForMaskedLM directory transformers loads natively (no remote code):
+def write_hf(out_dir: str, params: dict, config: ModelConfig, special: dict,
+             overwrite: bool = False, tokenizer: Optional[AnyTokenizer] = None,
+             reads: tuple = (), classifier: Optional[dict] = None) -> None:
+  """A directory transformers loads natively (no remote code), for any family:
   config.json, model.safetensors and, with `tokenizer`, its tokenizer files."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  state = hf_modernbert.params_to_hf_state(jax_to_numpy(params), config)
-  state.pop("decoder.weight", None)  # tied: transformers fills it from the token table
-  state = {k: np.ascontiguousarray(v) for k, v in state.items()}
+  mapping = hf_families.of(config)
+  state = mapping.export_state(jax_to_numpy(params), config)
   with atomic_output_dir(out_dir, overwrite, reads) as tmp:
     save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    os.chmod(os.path.join(tmp, "model.safetensors"), 0o644)
-    _write_json(tmp, "config.json", hf_modernbert.hf_config(config, special, classifier))
+    os.chmod(os.path.join(tmp, "model.safetensors"), 0o644)  # safetensors writes 0600
+    _write_json(tmp, "config.json", mapping.hf_config(config, special, classifier))
     if tokenizer is not None:
       _write_tokenizer(tmp, tokenizer, config)
 
@@ -113,7 +107,7 @@ _SPECIALS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
              "cls_token": "[CLS]", "mask_token": "[MASK]"}
 
 
-def _write_tokenizer(directory: str, tokenizer: AnyTokenizer, config: BertConfig) -> None:
+def _write_tokenizer(directory: str, tokenizer: AnyTokenizer, config: ModelConfig) -> None:
   """The files transformers' AutoTokenizer loads, 4.x and 5.x alike: always a
   tokenizer.json (all that 5.x reads, for a ModernBERT too), and for a WordPiece its
   vocab.txt beside it (BertTokenizer's; what google-research/bert tools read)."""
@@ -134,25 +128,11 @@ def _write_tokenizer(directory: str, tokenizer: AnyTokenizer, config: BertConfig
 
 def import_hf(hf_dir: str, out_dir: str, heads: bool = True, overwrite: bool = False,
               seed: int = 0, lowercase: Optional[bool] = None) -> dict:
-  """Imports a HuggingFace BERT or ModernBERT directory; returns the checkpoint's meta."""
+  """Imports a HuggingFace directory of any family; returns the checkpoint's meta."""
   hf_dir = check_dir(hf_dir, "HuggingFace model")
   config_path = os.path.join(hf_dir, "config.json")
   hf_config = read_json(config_path, "model config")
-  if hf_modernbert.is_modernbert(hf_config):
-    return _import_modernbert(hf_dir, out_dir, hf_config, overwrite, seed, lowercase, heads)
-  config = bert_config_from_hf(hf_config, config_path)
-  tokenizer, lower_from = read_hf_tokenizer(hf_dir, hf_config, config, config_path, lowercase)
-  state, weights_file = load_hf_weights(hf_dir)
-  params, report = hf_state_to_params(state, config, source=weights_file, heads=heads, seed=seed)
-  meta = _meta(config, tokenizer, lower_from, f"huggingface:{hf_dir}", report)
-  meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta, hf_dir)
-  return meta
-
-
-def _import_modernbert(hf_dir: str, out_dir: str, hf_config: dict, overwrite: bool, seed: int,
-                       lowercase: Optional[bool], heads: bool) -> dict:
-  config_path = os.path.join(hf_dir, "config.json")
-  config, params, report = read_modernbert_hf(hf_dir, seed, heads)
+  config, params, report = read_hf(hf_dir, seed, heads)
   tokenizer, lower_from = read_hf_tokenizer(hf_dir, hf_config, config, config_path, lowercase)
   meta = _meta(config, tokenizer, lower_from, f"huggingface:{hf_dir}", report)
   meta["checkpoint"] = _save_imported(out_dir, overwrite, params, meta, hf_dir)
@@ -195,24 +175,15 @@ def export_hf(ckpt: str, out_dir: str, step: Optional[int] = None,
     if field not in meta:
       raise ConvertError(f"{where}: meta has no {field!r}")
   try:
-    config = BertConfig.from_dict(meta["model_config"]).validate()
+    config = ModelConfig.from_dict(meta["model_config"]).validate()
   except TypeError as e:
     raise ConvertError(f"{where}: meta model_config is incomplete ({e})") from None
   tokenizer = bpe.from_meta(meta, source=f"{where} meta vocab")
   if tokenizer.vocab_size != config.vocab_size:
     raise ConvertError(f"{where}: meta vocab has {tokenizer.vocab_size} tokens but model_config "
                        f"vocab_size={config.vocab_size}")
-  if config.family == "modernbert":
-    ids = dict(zip(("pad", "unk", "cls", "sep", "mask"), tokenizer.special_ids()))
-    write_modernbert_hf(out_dir, params, config, ids, overwrite, tokenizer, reads,
-                        meta.get("classifier"))
-    return meta
-  state = params_to_hf_state(params, config)
-  with atomic_output_dir(out_dir, overwrite, reads) as tmp:
-    save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    _write_json(tmp, "config.json", hf_config_from_bert(config, meta.get("classifier")))
-    _write_tokenizer(tmp, tokenizer, config)
-    os.chmod(os.path.join(tmp, "model.safetensors"), 0o644)  # safetensors writes 0600
+  write_hf(out_dir, params, config, tokenizer.special_ids(), overwrite, tokenizer,
+           reads, meta.get("classifier"))
   return meta
 
 

@@ -4,7 +4,7 @@ HF `nn.Linear` weights are [out, in]; ours are [in, out] with the fused QKV spli
 (3, heads, head size) and Wi into (2, intermediate) on the output side, in HF's own
 order (`view(..., 3, H, K)`, `chunk(2)`), so a reshape and a transpose map them. The
 decoder is tied to the token embeddings (HF's `decoder.weight` is the same tensor) and
-keeps its own bias. Also config.json <-> BertConfig. No files here: bert_jax.io.convert.
+keeps its own bias. Also config.json <-> ModelConfig. No files here: bert_jax.io.convert.
 
 Shape legend: V vocab (Vp padded), D hidden, H heads, K head size, F intermediate.
 """
@@ -16,8 +16,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from bert_jax.data.tokenizer import SpecialIds
 from bert_jax.errors import CheckpointError
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.io.hf_weights import classifier_fields
 
 ARCHITECTURES = ("ModernBertForMaskedLM", "ModernBertModel")
@@ -29,8 +30,8 @@ def is_modernbert(hf_config: Mapping) -> bool:
   return hf_config.get("model_type") == "modernbert"
 
 
-def config_from_hf(hf: Mapping, source: str) -> BertConfig:
-  """A ModernBERT config.json as a BertConfig (family 'modernbert')."""
+def config_from_hf(hf: Mapping, source: str) -> ModelConfig:
+  """A ModernBERT config.json as a ModelConfig (family 'modernbert')."""
   acts = {hf.get("hidden_activation", "gelu"), hf.get("classifier_activation", "gelu")}
   if not acts <= set(_ACTIVATIONS) or len({_ACTIVATIONS[a] for a in acts}) != 1:
     raise CheckpointError(f"{source}: activations {sorted(acts)} are not supported; expected "
@@ -42,7 +43,7 @@ def config_from_hf(hf: Mapping, source: str) -> BertConfig:
       raise CheckpointError(f"{source}: config.json has no integer {field!r}; expected a "
                             "ModernBertConfig")
   global_theta, local_theta = _rope_thetas(hf, source)
-  return BertConfig(
+  return ModelConfig(
       vocab_size=hf["vocab_size"], family="modernbert", hidden_size=hf["hidden_size"],
       num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
       intermediate_size=hf["intermediate_size"],
@@ -100,10 +101,10 @@ def _global_every(hf: Mapping, source: str) -> int:
   return n
 
 
-def hf_config(config: BertConfig, special: Mapping[str, int],
+def hf_config(config: ModelConfig, special: SpecialIds,
               classifier: Optional[Mapping] = None) -> dict:
   """The config.json of a transformers ModernBertForMaskedLM with `config`'s settings;
-  `special`: ids of pad, cls, sep, mask (bos = cls, eos = sep as ModernBERT's). With
+  `special`: the vocabulary's special ids (bos = cls, eos = sep as ModernBERT's). With
   `classifier` (a fine-tuned checkpoint's meta["classifier"]): a
   ModernBertForSequenceClassification's, pooling [CLS] as bert-jax's classifier does."""
   act = "gelu_pytorch_tanh" if config.gelu_approximate else "gelu"
@@ -134,21 +135,21 @@ def hf_config(config: BertConfig, special: Mapping[str, int],
       "mlp_bias": config.mlp_bias, "mlp_dropout": config.dropout_rate,
       "decoder_bias": config.decoder_bias, "classifier_bias": config.classifier_bias,
       "classifier_pooling": "cls", "classifier_dropout": 0.0,
-      "pad_token_id": special["pad"], "cls_token_id": special["cls"],
-      "sep_token_id": special["sep"], "bos_token_id": special["cls"],
-      "eos_token_id": special["sep"], "mask_token_id": special.get("mask"),
+      "pad_token_id": special.pad, "cls_token_id": special.cls,
+      "sep_token_id": special.sep, "bos_token_id": special.cls,
+      "eos_token_id": special.sep, "mask_token_id": special.mask,
       "tie_word_embeddings": True, "torch_dtype": "float32", **head,
   }
 
 
-def _norm(prefix: str, path: tuple, c: BertConfig) -> list[tuple[str, tuple, str]]:
+def _norm(prefix: str, path: tuple, c: ModelConfig) -> list[tuple[str, tuple, str]]:
   out = [(f"{prefix}.weight", path + ("norm", "scale"), "vector")]
   if c.norm_bias:
     out.append((f"{prefix}.bias", path + ("norm", "bias"), "vector"))
   return out
 
 
-def tensor_table(c: BertConfig) -> list[tuple[str, tuple, str]]:
+def tensor_table(c: ModelConfig) -> list[tuple[str, tuple, str]]:
   """(HF name in ModernBertForMaskedLM, our path, layout) of every tensor."""
   D, H = c.hidden_size, c.num_heads  # noqa: N806
   del D, H
@@ -180,7 +181,7 @@ def tensor_table(c: BertConfig) -> list[tuple[str, tuple, str]]:
   return t
 
 
-def _to_hf(layout: str, a: np.ndarray, c: BertConfig) -> np.ndarray:
+def _to_hf(layout: str, a: np.ndarray, c: ModelConfig) -> np.ndarray:
   if layout == "table":
     return a[:c.vocab_size]
   if layout == "vocab_vector":
@@ -196,7 +197,7 @@ def _to_hf(layout: str, a: np.ndarray, c: BertConfig) -> np.ndarray:
   return a
 
 
-def _hf_shape(layout: str, shape: tuple, c: BertConfig) -> tuple:
+def _hf_shape(layout: str, shape: tuple, c: ModelConfig) -> tuple:
   """The shape transformers stores for one of our tensors of `shape` (`_to_hf`'s)."""
   if layout in ("table", "vocab_vector"):
     return (c.vocab_size,) + tuple(shape[1:])
@@ -225,7 +226,7 @@ def _to_ours(layout: str, hf: np.ndarray, shape: tuple) -> np.ndarray:
   return hf.reshape(shape)
 
 
-def params_to_hf_state(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
+def params_to_hf_state(params: Mapping, config: ModelConfig) -> dict[str, np.ndarray]:
   """Our pre-training params as a ModernBertForMaskedLM state dict (float32; the tied
   decoder weight is the token table, as transformers stores it). A fine-tuned tree
   (bert, head, classifier: bert_jax.eval.classifier) gives what
@@ -257,7 +258,7 @@ _ENCODER_PREFIXES = ("embeddings.", "layers.", "final_norm.")
 _TIED = ("decoder.weight", "model.embeddings.tok_embeddings.weight")
 
 
-def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig,
+def hf_state_to_params(state: Mapping[str, np.ndarray], config: ModelConfig,
                        abstract: Mapping, *, source: str,
                        heads: bool = True) -> tuple[dict, list[str], list[str]]:
   """A ModernBertForMaskedLM or ModernBertModel state dict as our params; returns
@@ -314,14 +315,14 @@ def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig,
   return params, missing, unused
 
 
-def fill_missing(params: dict, missing: list[str], config: BertConfig, seed: int) -> dict:
+def fill_missing(params: dict, missing: list[str], config: ModelConfig, seed: int) -> dict:
   """`params` with the `missing` paths (a bare ModernBertModel's MLM head) freshly
   initialised as the family initialises them."""
   if not missing:
     return params
   import jax  # pylint: disable=import-outside-toplevel
-  from bert_jax.model import family  # pylint: disable=import-outside-toplevel
-  fresh = jax.device_get(family.init_params(config, jax.random.key(seed)))
+  from bert_jax.model import build  # pylint: disable=import-outside-toplevel
+  fresh = jax.device_get(build.init_params(config, jax.random.key(seed)))
   for path in missing:
     keys = path.split("/")
     src, dst = fresh, params
@@ -331,8 +332,8 @@ def fill_missing(params: dict, missing: list[str], config: BertConfig, seed: int
   return params
 
 
-def abstract_params(config: BertConfig) -> dict:
+def abstract_params(config: ModelConfig) -> dict:
   """Shapes of the family's params for `config`, without allocating them."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
-  from bert_jax.model import family  # pylint: disable=import-outside-toplevel
-  return nn.meta.unbox(family.abstract_params(config))
+  from bert_jax.model import build  # pylint: disable=import-outside-toplevel
+  return nn.meta.unbox(build.abstract_params(config))

@@ -3,7 +3,7 @@
 Owns the one table of tensors (`tensor_spec`): HuggingFace name, our param path, how
 the array is laid out. HF `nn.Linear` weights are [out, in]; ours are [in, out],
 with attention projections split into heads. Also the translation of configs
-(`config.json` <-> BertConfig), the state dict <-> params conversion in both
+(`config.json` <-> ModelConfig), the state dict <-> params conversion in both
 directions (`hf_state_to_params` assembles imported tensors into params,
 initialising missing heads), and the renaming of google-research TensorFlow
 variables to HF names (`tf_to_hf`). No files are read or written here: that is
@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.model.config import BertConfig
-from bert_jax.model.family import abstract_params
+from bert_jax.settings.model import ModelConfig
+from bert_jax.model.build import abstract_params
 
 # Parameter groups: the encoder must be complete; the others may be initialised.
 ENCODER, POOLER, MLM, NSP = "encoder", "pooler", "mlm", "nsp"
@@ -38,7 +38,7 @@ GROUP_NAMES = {POOLER: "pooler", MLM: "MLM head (cls.predictions.*)",
 
 # hidden_act -> gelu_approximate. gelu_new / gelu_pytorch_tanh are the tanh form.
 _ACTIVATIONS = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
-# Sizes a config.json must state; everything else has HF's BertConfig default.
+# Sizes a config.json must state; everything else has HF's ModelConfig default.
 _REQUIRED_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers",
                     "num_attention_heads", "intermediate_size")
 _HF_DEFAULTS = {"max_position_embeddings": 512, "type_vocab_size": 2, "hidden_act": "gelu",
@@ -69,8 +69,8 @@ class _Tensor:
   group: str
 
 
-def tensor_spec(c: BertConfig) -> list[_Tensor]:
-  """Every parameter of BertForPreTraining for config `c` (a BertConfig)."""
+def tensor_spec(c: ModelConfig) -> list[_Tensor]:
+  """Every parameter of BertForPreTraining for config `c` (a ModelConfig)."""
   V, D, F = c.vocab_size, c.hidden_size, c.intermediate_size
   out: list[_Tensor] = []
 
@@ -137,12 +137,12 @@ def _set(tree: dict, path: tuple, value: Any) -> None:
   tree[path[-1]] = value
 
 
-def abstract_params_of(config: BertConfig) -> dict:
+def abstract_params_of(config: ModelConfig) -> dict:
   """Shapes of BertForPreTraining's params, without allocating them."""
   return nn.meta.unbox(abstract_params(config))
 
 
-def _init_missing(config: BertConfig, abstract: Mapping, paths: Sequence[tuple], seed: int) -> dict:
+def _init_missing(config: ModelConfig, abstract: Mapping, paths: Sequence[tuple], seed: int) -> dict:
   """Fresh values for `paths`, by model.py's rule: weights from a normal truncated at
   2 stddev (initializer_range), biases 0, LayerNorm scales 1.
 
@@ -170,8 +170,8 @@ def _init_missing(config: BertConfig, abstract: Mapping, paths: Sequence[tuple],
 # Configs
 
 
-def bert_config_from_hf(hf: Mapping, source: str) -> BertConfig:
-  """A float32 BertConfig with the settings of a HF / google `config.json`."""
+def bert_config_from_hf(hf: Mapping, source: str) -> ModelConfig:
+  """A float32 ModelConfig with the settings of a HF / google `config.json`."""
   missing = [k for k in _REQUIRED_FIELDS if k not in hf]
   if missing:
     raise ConfigError(f"{source}: missing field '{missing[0]}' (a BERT config needs "
@@ -191,7 +191,7 @@ def bert_config_from_hf(hf: Mapping, source: str) -> BertConfig:
     raise ConfigError(f"{source}: hidden_act {act!r} is not supported; expected one of "
                       f"{', '.join(_ACTIVATIONS)}")
   try:
-    config = BertConfig(
+    config = ModelConfig(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
         intermediate_size=hf["intermediate_size"],
@@ -223,7 +223,7 @@ def classifier_fields(classifier: Optional[Mapping], architecture: str) -> dict:
           "classifier_dropout": classifier.get("dropout")}
 
 
-def hf_config_from_bert(config: BertConfig, classifier: Optional[Mapping] = None) -> dict:
+def hf_config_from_bert(config: ModelConfig, classifier: Optional[Mapping] = None) -> dict:
   """The `config.json` of a transformers BertForPreTraining with `config`'s settings.
 
   With `classifier` (a fine-tuned checkpoint's meta["classifier"]: num_labels,
@@ -265,7 +265,7 @@ class ImportReport:
   ignored: list  # source names not used (buffers, tied copies, other heads)
 
 
-def match_hf_names(shapes: Mapping[str, tuple], config: BertConfig, *, source: str,
+def match_hf_names(shapes: Mapping[str, tuple], config: ModelConfig, *, source: str,
                    heads: bool = True) -> tuple[dict[str, str], ImportReport]:
   """Which source tensor is which parameter, from names and shapes alone (no data read).
 
@@ -318,7 +318,7 @@ def match_hf_names(shapes: Mapping[str, tuple], config: BertConfig, *, source: s
   return canon, ImportReport(groups, sorted(ignored))
 
 
-def hf_state_to_params(state: Mapping[str, np.ndarray], config: BertConfig, *, source: str,
+def hf_state_to_params(state: Mapping[str, np.ndarray], config: ModelConfig, *, source: str,
                        heads: bool = True, seed: int = 0) -> tuple[dict, ImportReport]:
   """Maps a HF BERT state dict (BertModel or BertForPreTraining names) to our params.
 
@@ -369,7 +369,7 @@ def _warn_non_finite(state: Mapping[str, Any], source: str, shown: int = 5) -> N
           file=sys.stderr, flush=True)
 
 
-def params_to_hf_state(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
+def params_to_hf_state(params: Mapping, config: ModelConfig) -> dict[str, np.ndarray]:
   """Our BertForPreTraining params (or their gradients) as a HF state dict.
 
   The padded vocabulary is cut back to `config.vocab_size`. The result is what

@@ -22,7 +22,7 @@ import numpy as np
 
 from bert_jax.errors import CheckpointError
 from bert_jax.io import checkpointing
-from bert_jax.model.config import RUNTIME_FIELDS
+from bert_jax.settings.model import RUNTIME_FIELDS
 from bert_jax.storage import fs
 from bert_jax.storage.outputs import atomic_output_dir, check_apart
 

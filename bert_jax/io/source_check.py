@@ -38,7 +38,8 @@ import numpy as np
 from bert_jax.io import sources
 from bert_jax.io.hf_weights import (ConvertError, abstract_params_of, get_path, match_hf_names,
                                  tf_to_hf)
-from bert_jax.model.config import BertConfig
+from bert_jax.model import family
+from bert_jax.settings.model import ModelConfig
 from bert_jax.storage import fs
 
 # safetensors dtypes that bert_jax.io.convert's reader (safetensors.numpy) loads, with their sizes.
@@ -216,12 +217,12 @@ def tensorflow_shapes(directory: str) -> dict[str, tuple]:
   return {n: tuple(np.shape(x)) for n, x in tf_to_hf(fake).items()}
 
 
-def check_params(params: Any, config: BertConfig, where: str) -> None:
+def check_params(params: Any, config: ModelConfig, where: str) -> None:
   """A bert-jax source's parameter tree has every parameter of `config`'s family (its
   encoder and pre-training heads), each in its shape."""
   import jax  # pylint: disable=import-outside-toplevel
   abstract = abstract_params_of(config)
-  tree = "BertForPreTraining" if config.family == "bert" else "ModernBertForPreTraining"
+  tree = family.of(config).hf_pretraining
   for key_path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
     path = tuple(str(getattr(k, "key", k)) for k in key_path)
     try:
@@ -236,7 +237,7 @@ def check_params(params: Any, config: BertConfig, where: str) -> None:
                          f"model_config expects {want}")
 
 
-def check_weights(path: str, kind: str, config: BertConfig) -> str:
+def check_weights(path: str, kind: str, config: ModelConfig) -> str:
   """Checks a HuggingFace or TensorFlow source's weights (see the module doc); returns
   the weights file or prefix that was checked."""
   if kind == "tensorflow":

@@ -20,7 +20,7 @@ from safetensors.numpy import load_file
 
 from bert_jax.errors import ConfigError
 from bert_jax.io.hf_weights import TF_IGNORED, ConvertError
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.data import bpe
 from bert_jax.data.tokenizer import Tokenizer
 from bert_jax.storage import fs
@@ -112,7 +112,7 @@ def resolve_lowercase(directory: str, hf_config: Mapping, override: Optional[boo
   return True, "default (no tokenizer_config.json or cased/uncased in the name)"
 
 
-def read_hf_tokenizer(directory: str, hf_config: Mapping, config: BertConfig,
+def read_hf_tokenizer(directory: str, hf_config: Mapping, config: ModelConfig,
                       config_file: str, override: Optional[bool] = None
                       ) -> tuple[bpe.AnyTokenizer, str]:
   """(tokenizer, where its lowercasing came from) of a HuggingFace directory, as
@@ -185,7 +185,7 @@ def _wordpiece_json(doc: Mapping, path: str) -> tuple[list[str], bool]:
   return vocab, lower
 
 
-def read_vocab(directory: str, config: BertConfig, lowercase: bool,
+def read_vocab(directory: str, config: ModelConfig, lowercase: bool,
            config_file: str) -> Tokenizer:
   path = os.path.join(directory, "vocab.txt")
   if not os.path.isfile(path):
@@ -197,7 +197,7 @@ def read_vocab(directory: str, config: BertConfig, lowercase: bool,
   return tokenizer
 
 
-def read_tokenizer_json(directory: str, config: BertConfig):
+def read_tokenizer_json(directory: str, config: ModelConfig):
   """A HuggingFace directory's BPE tokenizer.json (a ModernBERT's), one token per id."""
   path = os.path.join(directory, bpe.TOKENIZER_JSON)
   if not os.path.isfile(path):

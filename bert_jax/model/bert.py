@@ -21,7 +21,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.errors import ConfigError
 from bert_jax.model import precision, splash
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 
 @flax.struct.dataclass
 class BertOutput:
@@ -47,7 +47,7 @@ class PreTrainingOutput:
   encoder: BertOutput
 
 
-def normal_init(config: BertConfig, names: tuple):
+def normal_init(config: ModelConfig, names: tuple):
   # The reference initialises every weight from a normal truncated at 2 stddev.
   return nn.with_logical_partitioning(
       nn.initializers.truncated_normal(config.initializer_range), names)
@@ -65,14 +65,14 @@ def ones_init(names: tuple):
 MATMUL_OUTPUTS = ("query", "key", "value", "attention_output", "intermediate", "output")
 
 
-def remat_policy(config: BertConfig):
+def remat_policy(config: ModelConfig):
   """jax.checkpoint's policy for config.remat_policy (None: save nothing but the inputs)."""
   if config.remat_policy == "save_dots":
     return jax.checkpoint_policies.save_only_these_names(*MATMUL_OUTPUTS)
   return None
 
 
-def dense_kw(config: BertConfig, dtype=None) -> dict:
+def dense_kw(config: ModelConfig, dtype=None) -> dict:
   """dtype/dot_general for nn.Dense and nn.DenseGeneral.
 
   float32 mode: flax's own dot, unchanged (bit-for-bit the reference path).
@@ -86,7 +86,7 @@ def dense_kw(config: BertConfig, dtype=None) -> dict:
   return {"dtype": jnp.float32, "dot_general": precision.dot_general_fn(config.compute_dtype)}
 
 
-def activation_einsum(config: BertConfig, spec: str, a, b, out_dtype):
+def activation_einsum(config: ModelConfig, spec: str, a, b, out_dtype):
   """The model's activation x activation matmuls (attention scores and context)."""
   if config.mixed:
     return precision.einsum(spec, a, b, op_dtype=config.compute_dtype, out_dtype=out_dtype)
@@ -99,22 +99,24 @@ def activation_einsum(config: BertConfig, spec: str, a, b, out_dtype):
 
 
 class LayerNorm(nn.Module):
-  """LayerNorm computed in float32 (as the reference), output in compute dtype."""
-  config: BertConfig
+  """LayerNorm computed in float32 (as both references), output in compute dtype; with a
+  bias unless `bias=False` (ModernBERT's `norm_bias`). Every family's norm."""
+  config: ModelConfig
+  bias: bool = True
 
   @nn.compact
   def __call__(self, x):
     c = self.config
     return nn.LayerNorm(
-        epsilon=c.layer_norm_eps, dtype=c.compute_dtype, param_dtype=jnp.float32,
-        scale_init=ones_init(("embed",)), bias_init=zeros_init(("embed",)),
+        epsilon=c.layer_norm_eps, use_bias=self.bias, dtype=c.compute_dtype,
+        param_dtype=jnp.float32, scale_init=ones_init(("embed",)), bias_init=zeros_init(("embed",)),
         name="norm")(x.astype(jnp.float32)).astype(c.compute_dtype)
 
 
 _SQRT_HALF = 0.7071067811865476
 
 
-def gelu(config: BertConfig, x):
+def gelu(config: ModelConfig, x):
   if config.gelu_approximate:
     return nn.gelu(x, approximate=True)
   # Exact GELU in the reference BERT's form, x/2 (1 + erf(x/sqrt 2)). jax.nn.gelu's
@@ -202,7 +204,7 @@ class Dropout(nn.Module):
 
 
 class Embeddings(nn.Module):
-  config: BertConfig
+  config: ModelConfig
 
   def setup(self):
     c = self.config
@@ -269,7 +271,7 @@ def fused_attention(kernel: str, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL):
 
 
 class SelfAttention(nn.Module):
-  config: BertConfig
+  config: ModelConfig
 
   @nn.compact
   def __call__(self, x_BxLxD, mask: AttentionMask, deterministic: bool):
@@ -293,13 +295,13 @@ class SelfAttention(nn.Module):
         "attention_output")
 
 
-def attention_core(c: BertConfig, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask: AttentionMask,
+def attention_core(c: ModelConfig, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask: AttentionMask,
                    deterministic: bool):
   """Every family's attention after its projections (queries already scaled): splash on a
   TPU, a fused kernel ('jax', 'cudnn'), or the einsum core with the standard or deferred
   softmax (`attention_softmax`). Called inside the family's compact attention module,
   whose dropout it is."""
-  if c.attention_kernel == "splash":  # no attention dropout (BertConfig.validate)
+  if c.attention_kernel == "splash":  # no attention dropout (ModelConfig.validate)
     return splash.attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask.segments_BxL,
                             mask.window).astype(c.compute_dtype)
   if c.attention_kernel != "einsum":
@@ -307,7 +309,7 @@ def attention_core(c: BertConfig, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask: Attenti
   return _einsum_attention(c, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask.bias, deterministic)
 
 
-def _einsum_attention(c: BertConfig, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL,
+def _einsum_attention(c: ModelConfig, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQxL,
                       deterministic: bool):
   cd = c.compute_dtype
   # Scores and softmax in float32, as the reference does.
@@ -333,7 +335,7 @@ def _einsum_attention(c: BertConfig, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias_Bx1xQ
 
 class TransformerLayer(nn.Module):
   """Post-LayerNorm block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
-  config: BertConfig
+  config: ModelConfig
 
   @nn.compact
   def __call__(self, x_BxLxD, mask: AttentionMask, deterministic: bool):
@@ -370,7 +372,7 @@ def packed_layout(documents_BxL, mask_BxL):
 
 class BertModel(nn.Module):
   """The encoder: embeddings, `num_layers` Transformer blocks, tanh pooler."""
-  config: BertConfig
+  config: ModelConfig
 
   def setup(self):
     c = self.config
@@ -407,7 +409,7 @@ class BertModel(nn.Module):
 
 class BertForPreTraining(nn.Module):
   """Encoder + MLM head (tied to token embeddings) + NSP head."""
-  config: BertConfig
+  config: ModelConfig
 
   def setup(self):
     c = self.config

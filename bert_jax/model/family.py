@@ -1,73 +1,102 @@
-"""Which encoder a config builds: BERT (model/bert.py) or ModernBERT (model/modernbert.py), by `config.model.family`.
+"""The model families as registered records: every family question is asked of one `Family`.
 
-Both families take the same call and give the same outputs (BertOutput,
-PreTrainingOutput), and keep the encoder at params["bert"], so the train step,
-features, probes and fine-tuning need to know nothing more than this module.
+A `Family` names its pre-training and encoder modules, its FLOPs formula, its
+HuggingFace mapping, its heads, the config checks only it needs, and its traits
+(rotary positions, segment embeddings, the objectives it trains). The train step,
+features, probes, fine-tuning, conversion, the planner and the settings ask the record
+(`family.of(config)`); nothing else compares a family's name. Plain data: importing it
+loads no JAX or Flax (the settings check configs with it), so the Flax modules are named
+as `module:Class` and built by model/build.py, and the HF mapping as `module:NAME`,
+resolved by io/hf_families.py.
+
+Adding a family is its model module, its HF mapping and one record here
+(docs/ARCHITECTURE.md, "Adding a family").
 """
 
+from __future__ import annotations
+
 import dataclasses
-import functools
-from typing import Any
+import math
+from typing import Any, Callable, Optional
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
+from bert_jax.errors import ConfigError
+from bert_jax.model import flops
 
-from bert_jax.model.bert import BertForPreTraining, BertModel
-from bert_jax.model.config import BertConfig
-from bert_jax.model import modernbert
-from bert_jax.model.modernbert import ModernBertForPreTraining, ModernBertModel
+# A settings.model.ModelConfig: the settings import this registry to check one, so it is
+# not imported back.
+ModelConfig = Any
 
 
-def pretraining_model(config: BertConfig) -> nn.Module:
-  """The encoder with its pre-training heads."""
-  if config.family == "modernbert":
-    return ModernBertForPreTraining(config)
-  return BertForPreTraining(config)
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One model family: what builds it, converts it and counts its FLOPs, and its traits."""
+  name: str  # config.model.family
+  pretraining: str  # 'module:Class' of the encoder with its pre-training heads
+  encoder: str  # 'module:Class' of the encoder alone (a pre-training tree's params["bert"])
+  flops: Callable[..., float]  # (config, kind, batch, seq_len, predictions) -> FLOPs
+  hf: str  # 'module:NAME' of its HuggingFace mapping (io/hf_families.py)
+  hf_pretraining: str  # transformers' class whose tree our pre-training params mirror
+  rope: bool  # rotary positions: phases may set RoPE bases (train.phase_rope_thetas)
+  segments: bool  # segment embeddings: sentence pairs need type_vocab_size >= 2
+  objectives: tuple[str, ...]  # the pre-training objectives its heads train
+  # Top-level pre-training params a fine-tuning classifier keeps beside "bert": a
+  # prediction head applied between pooling and the classifier (`prediction_head`).
+  head_params: tuple[str, ...] = ()
+  prediction_head: Optional[str] = None  # 'module:function' of that head
+  extend_vocab: bool = False  # a source of this family can grow its vocabulary
+  check: Optional[Callable[[ModelConfig], None]] = None  # config checks of its own fields
 
 
-def encoder_model(config: BertConfig, **kwargs) -> nn.Module:
-  """The encoder alone (a pre-training tree's params["bert"])."""
-  if config.family == "modernbert":
-    return ModernBertModel(config, **kwargs)
-  return BertModel(config, **kwargs)
+def _check_modernbert(config: ModelConfig) -> None:
+  for name in ("local_attention", "global_attn_every_n_layers"):
+    value = getattr(config, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+      raise ConfigError(f"config.model.{name}={value!r}: expected a positive integer")
+  for name in ("global_rope_theta", "local_rope_theta"):
+    value = getattr(config, name)
+    # inf too: the checkpoint meta and an export's config.json would hold `Infinity`,
+    # which is not JSON.
+    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0
+        or not math.isfinite(value)):
+      raise ConfigError(f"config.model.{name}={value!r}: expected a positive finite number")
+  if (config.hidden_size // max(config.num_heads, 1)) % 2:
+    raise ConfigError(f"config.model.family='modernbert' rotates head dimensions in pairs, "
+                      f"but hidden_size/num_heads = {config.hidden_size}/{config.num_heads} "
+                      "is odd; expected an even head size")
 
 
-def has_prediction_head(config: BertConfig) -> bool:
-  """Whether a fine-tuning classifier applies the family's pre-trained prediction head
-  between pooling and the classifier (ModernBERT, as transformers does; BERT's pooler
-  is inside its encoder)."""
-  return config.family == "modernbert"
+BERT = Family(
+    name="bert",
+    pretraining="bert_jax.model.bert:BertForPreTraining",
+    encoder="bert_jax.model.bert:BertModel",
+    flops=flops.bert_flops,
+    hf="bert_jax.io.hf_families:BERT",
+    hf_pretraining="BertForPreTraining",
+    rope=False, segments=True, objectives=("mlm+nsp", "mlm", "mlm+sop"),
+    extend_vocab=True)
+
+MODERNBERT = Family(
+    name="modernbert",
+    pretraining="bert_jax.model.modernbert:ModernBertForPreTraining",
+    encoder="bert_jax.model.modernbert:ModernBertModel",
+    flops=flops.modernbert_flops,
+    hf="bert_jax.io.hf_families:MODERNBERT",
+    hf_pretraining="ModernBertForPreTraining",
+    rope=True, segments=False, objectives=("mlm",),
+    head_params=("head_dense", "head_norm"),
+    prediction_head="bert_jax.model.modernbert:prediction_head",
+    check=_check_modernbert)
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (BERT, MODERNBERT)}
 
 
-def head_params(config: BertConfig) -> tuple:
-  """The top-level pre-training params a fine-tuning classifier keeps beside "bert"."""
-  return modernbert.HEAD_PARAMS if has_prediction_head(config) else ()
+def named(name: str) -> Family:
+  """The family called `name`; one ConfigError line naming the choices if none is."""
+  if name not in FAMILIES:
+    raise ConfigError(f"config.model.family={name!r}: expected one of {', '.join(FAMILIES)}")
+  return FAMILIES[name]
 
 
-def prediction_head(config: BertConfig, x_BxD):
-  """The family's prediction head on pooled vectors, inside a compact module."""
-  return modernbert.prediction_head(config, x_BxD)
-
-
-def _boxed_params(config: BertConfig, key: jax.Array) -> Any:
-  ids = jnp.zeros((1, 8), jnp.int32)
-  # The parameters are the same whatever attention core runs; 'splash' needs rows of 128.
-  config = dataclasses.replace(config, attention_kernel="einsum")
-  variables = pretraining_model(config).init(
-      {"params": key, "dropout": key}, ids, ids, ids, jnp.zeros((1, 1), jnp.int32))
-  return variables["params"]
-
-
-def abstract_params(config: BertConfig) -> Any:
-  """The parameter tree's shapes, dtypes and logical axis names, allocating nothing.
-
-  Leaves are `nn.Partitioned` boxes of `jax.ShapeDtypeStruct`: give them to
-  `sharding.tree_shardings` for shardings, or `nn.meta.unbox` them for shapes.
-  """
-  return jax.eval_shape(functools.partial(_boxed_params, config), jax.random.key(0))
-
-
-def init_params(config: BertConfig, key: jax.Array) -> Any:
-  """Freshly initialised parameters (plain arrays), as each family's reference does."""
-  return nn.meta.unbox(_boxed_params(config, key))
+def of(config: ModelConfig) -> Family:
+  """The family of a model config."""
+  return named(config.family)

@@ -1,6 +1,7 @@
 """Analytic model FLOPs of BERT and ModernBERT pre-training and the peak FLOP/s of known accelerators.
 
-One formula for the run report (`loop`) and the benchmark (`tools/cases.py`).
+One formula per family (each family's record, model/family.py, names its own) for the
+run report (`loop`), the planner and the benchmark (`tools/cases.py`).
 Shape legend: B batch, L sequence length, P masked positions (max predictions),
 D hidden size, F feed-forward size, V vocabulary size, N layers.
 """
@@ -30,19 +31,24 @@ def model_flops(num_layers: int, hidden_size: int, intermediate_size: int, vocab
   return 3.0 * forward
 
 
-def config_flops(config, kind: str, batch: int, seq_len: int, predictions: int = 0) -> float:
-  """`model_flops` for a model config of either family (model/config.BertConfig).
+def bert_flops(config, kind: str, batch: int, seq_len: int, predictions: int = 0) -> float:
+  """`model_flops` of a BERT config (settings/model.ModelConfig)."""
+  c = config
+  return model_flops(c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size, kind,
+                     batch, seq_len, predictions)
 
-  ModernBERT (family 'modernbert'): per token and layer the projections cost
-  2 * (4*D*D + 3*D*F) (fused QKV and Wo; GeGLU's Wi is 2F wide, Wo F), and attention
-  4*W*D where W is L on global layers and min(L, local_attention + 1) on local ones
-  (the keys a windowed kernel needs; the 'einsum' core computes all L and masks).
-  The MLM head (dense + decoder) on the P masked positions; no pooler.
+
+def modernbert_flops(config, kind: str, batch: int, seq_len: int,
+                     predictions: int = 0) -> float:
+  """Analytic FLOPs of a ModernBERT config, counted as `model_flops` counts BERT's.
+
+  Per token and layer the projections cost 2 * (4*D*D + 3*D*F) (fused QKV and Wo;
+  GeGLU's Wi is 2F wide, Wo F), and attention 4*W*D where W is L on global layers and
+  min(L, local_attention + 1) on local ones (the keys a windowed kernel needs; the
+  'einsum' core computes all L and masks). The MLM head (dense + decoder) on the P
+  masked positions; no pooler.
   """
   c = config
-  if getattr(c, "family", "bert") != "modernbert":
-    return model_flops(c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size, kind,
-                       batch, seq_len, predictions)
   d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
   keys = [seq_len if i % c.global_attn_every_n_layers == 0
           else min(seq_len, c.local_attention + 1) for i in range(c.num_layers)]

@@ -33,7 +33,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.model import bert, splash
 from bert_jax.model.bert import AttentionMask, BertOutput, Dropout, PreTrainingOutput, dense_kw
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 
 # The weight-matmul outputs of a layer, named for remat_policy='save_dots'.
 MATMUL_OUTPUTS = ("qkv", "attention_output", "intermediate", "output")
@@ -44,27 +44,18 @@ def _init(std: float, names: tuple):
   return nn.with_logical_partitioning(nn.initializers.truncated_normal(std), names)
 
 
-def _stds(c: BertConfig) -> dict:
+def _stds(c: ModelConfig) -> dict:
   return {"in": c.initializer_range,
           "out": c.initializer_range / math.sqrt(2.0 * c.num_layers),
           "embedding": c.initializer_range}
 
 
-class Norm(nn.Module):
-  """LayerNorm in float32, with a bias only when `config.norm_bias` (ModernBERT's none)."""
-  config: BertConfig
-
-  @nn.compact
-  def __call__(self, x):
-    c = self.config
-    return nn.LayerNorm(
-        epsilon=c.layer_norm_eps, use_bias=c.norm_bias, dtype=jnp.float32,
-        param_dtype=jnp.float32, scale_init=bert.ones_init(("embed",)),
-        bias_init=bert.zeros_init(("embed",)), name="norm")(
-            x.astype(jnp.float32)).astype(c.compute_dtype)
+def Norm(c: ModelConfig, **kwargs) -> nn.Module:  # pylint: disable=invalid-name
+  """The family's LayerNorm (model/bert.py), with a bias only when `config.norm_bias`."""
+  return bert.LayerNorm(c, bias=c.norm_bias, **kwargs)
 
 
-def is_global(config: BertConfig, layer: int) -> bool:
+def is_global(config: ModelConfig, layer: int) -> bool:
   """Layer `layer` attends globally (transformers: layer_id % every_n == 0)."""
   return layer % config.global_attn_every_n_layers == 0
 
@@ -87,7 +78,7 @@ def apply_rope(x_BxLxHxK, cos_BxLxK, sin_BxLxK):
   return (x * cos_BxLxK[:, :, None] + rotated * sin_BxLxK[:, :, None]).astype(x_BxLxHxK.dtype)
 
 
-def attention_masks(config: BertConfig, mask_BxL, documents_BxL=None):
+def attention_masks(config: ModelConfig, mask_BxL, documents_BxL=None):
   """(global, local) AttentionMasks: segment ids and the window for 'splash', else the
   additive biases of `attention_biases`."""
   if config.attention_kernel == "splash":
@@ -98,7 +89,7 @@ def attention_masks(config: BertConfig, mask_BxL, documents_BxL=None):
   return AttentionMask(global_bias), AttentionMask(local_bias)
 
 
-def attention_biases(config: BertConfig, mask_BxL, documents_BxL=None):
+def attention_biases(config: ModelConfig, mask_BxL, documents_BxL=None):
   """Additive biases [B, 1, L|1, L] for global and local layers: padded keys masked;
   with `documents_BxL`, keys of other documents masked; local layers also mask keys
   farther than local_attention // 2."""
@@ -116,7 +107,7 @@ def attention_biases(config: BertConfig, mask_BxL, documents_BxL=None):
 
 
 class Attention(nn.Module):
-  config: BertConfig
+  config: ModelConfig
   layer: int
 
   @nn.compact
@@ -148,7 +139,7 @@ class Attention(nn.Module):
 
 class Mlp(nn.Module):
   """GeGLU: Wo(drop(act(input) * gate)), input and gate the two halves of Wi(x)."""
-  config: BertConfig
+  config: ModelConfig
 
   @nn.compact
   def __call__(self, x_BxLxD, deterministic: bool):
@@ -169,7 +160,7 @@ class Mlp(nn.Module):
 
 class Layer(nn.Module):
   """Pre-norm block: x += Attn(norm(x)) (no norm in layer 0); x += Mlp(norm(x))."""
-  config: BertConfig
+  config: ModelConfig
   layer: int
 
   @nn.compact
@@ -182,7 +173,7 @@ class Layer(nn.Module):
     return x_BxLxD + Mlp(c, name="mlp")(Norm(c, name="mlp_norm")(x_BxLxD), deterministic)
 
 
-def remat_policy(config: BertConfig):
+def remat_policy(config: ModelConfig):
   if config.remat_policy == "save_dots":
     return jax.checkpoint_policies.save_only_these_names(*MATMUL_OUTPUTS)
   return None
@@ -191,7 +182,7 @@ def remat_policy(config: BertConfig):
 class ModernBertModel(nn.Module):
   """The encoder: embeddings and their norm, `num_layers` pre-norm blocks, the final norm.
   `pooled_BxD` is the final [CLS] state (ModernBERT has no tanh pooler)."""
-  config: BertConfig
+  config: ModelConfig
 
   def setup(self):
     c = self.config
@@ -241,7 +232,7 @@ class ModernBertModel(nn.Module):
 HEAD_PARAMS = ("head_dense", "head_norm")
 
 
-def prediction_head(c: BertConfig, x_BxD):
+def prediction_head(c: ModelConfig, x_BxD):
   """transformers' ModernBertPredictionHead (dense, GELU, norm) as `head_dense` and
   `head_norm` of the calling compact module: a fine-tuning classifier's, whose values
   come from the pre-trained MLM head, as transformers loads them."""
@@ -254,7 +245,7 @@ def prediction_head(c: BertConfig, x_BxD):
 class ModernBertForPreTraining(nn.Module):
   """Encoder + MLM head (dense, GELU, norm, tied decoder with a bias), on the masked
   positions only; the same call and output as BertForPreTraining."""
-  config: BertConfig
+  config: ModelConfig
 
   def setup(self):
     c = self.config

@@ -1,6 +1,6 @@
 """Mixed-precision matmuls: low-precision operands, float32 accumulation.
 
-Every matmul of the model in mixed mode (BertConfig.dtype 'bfloat16' or
+Every matmul of the model in mixed mode (ModelConfig.dtype 'bfloat16' or
 'float16') goes through `dot_general` / `einsum` here. Each is a
 `jax.custom_vjp` whose forward dot AND both gradient dots take operands in the
 compute dtype (bfloat16) and accumulate and return float32
@@ -35,7 +35,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.model import config
+from bert_jax.settings import model as config
 from bert_jax.storage import fs
 
 _ACCUM = jnp.float32

@@ -11,7 +11,7 @@ the mask and the segments leave empty. Here:
   next layer's real tokens see real positions only.
 - the static mask: full (global layers, every BERT layer) or a local window
   |i - j| <= window (ModernBERT's local layers), shared by every head.
-- no attention dropout (BertConfig refuses a nonzero attention_dropout_rate with it).
+- no attention dropout (ModelConfig refuses a nonzero attention_dropout_rate with it).
 
 Mosaic kernels are not partitioned by XLA, so inside a step traced in `sharded_over(mesh)`
 (the train and eval steps set it) the call goes through `shard_map`: batch on the mesh's

@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 from bert_jax.errors import ConfigError
-from bert_jax.model import config as model_config
+from bert_jax.settings import model as model_config
 from bert_jax.parallel import sharding
 from bert_jax.settings import Phase, Settings
 

@@ -31,19 +31,18 @@ import numpy as np
 
 from bert_jax.train.steps import make_steps, planned_bytes
 from bert_jax.parallel import sharding
-from bert_jax.model import flops, precision
+from bert_jax.model import family, flops, precision
 from bert_jax.planner import hlo
 from bert_jax.planner.fit_search import search_fixes
 from bert_jax.data.pretraining_data import Batch
-from bert_jax.data.tokenizer import MASK, SPECIAL_TOKENS
+from bert_jax.data.tokenizer import SPECIAL_TOKENS, SpecialIds
 from bert_jax.settings import Phase, Settings
 from bert_jax.storage import fs
 
 GIB = 1024**3
 # The ids a trained vocabulary gives [PAD], [UNK], [CLS], [SEP], [MASK] (first, in that
 # order): constants of the step, not its cost.
-_SPECIAL_IDS = list(range(len(SPECIAL_TOKENS)))
-_MASK_ID = SPECIAL_TOKENS.index(MASK)
+_SPECIAL_IDS = SpecialIds(*range(len(SPECIAL_TOKENS)))
 
 
 @dataclasses.dataclass
@@ -204,7 +203,7 @@ class Planner:
     self.log = log
     self.mesh = sharding.make_mesh(self.s.mesh.model_parallel, self.devices)
     self.steps = make_steps(
-        self.s, vocab_size, _SPECIAL_IDS, _MASK_ID,
+        self.s, vocab_size, _SPECIAL_IDS,
         np.zeros(vocab_size, bool) if self.s.masking.whole_word else None, mesh=self.mesh)
 
   def variant(self, s: Settings) -> "Planner":
@@ -216,7 +215,7 @@ class Planner:
 
   def _flops(self, kind: str, B: int, ph: Phase) -> float:
     c = self.steps.bert_config
-    f = flops.config_flops(c, "train", B, ph.seq_len, ph.max_predictions)
+    f = family.of(c).flops(c, "train", B, ph.seq_len, ph.max_predictions)
     return (f if kind == "train" else f / 3.0) / len(self.devices)  # eval: the forward only
 
   def compile_step(self, kind: str, ph: Phase, batch_size: Optional[int] = None) -> StepPlan:

@@ -4,13 +4,13 @@ One module per config section (data, optimizer, train, run, init), each owning i
 frozen dataclass, its name lists and all of its checks; this one puts them together
 (`from_config`) with the checks that cross sections (the model against the data and
 recipe), so every bad combination fails before any data is prepared. Imports only
-`errors`, `default_config`, `model/config` and storage's URL check: the bottom of the
-folder order.
+`errors`, `default_config`, the families' registry (model/family, plain data) and
+storage's URL check: the bottom of the folder order.
 
 `from_config` is the only code of the package that reads a ConfigDict. Every check
 fails with one line naming the `--config.` field and what was expected, before
 anything is written. Lower modules take the settings they need (`DataSettings`,
-`OptimizerSettings`, a `BertConfig`), never the whole config; they import them from
+`OptimizerSettings`, a `ModelConfig`), never the whole config; they import them from
 here or from their section's module.
 """
 
@@ -21,8 +21,9 @@ from collections.abc import Collection
 
 import ml_collections
 
-from bert_jax.model import config as model_config
-from bert_jax.model.config import BertConfig
+from bert_jax.model import family
+from bert_jax.settings import model as model_config
+from bert_jax.settings.model import ModelConfig
 from bert_jax.settings.checks import fail, is_int, positive_int
 from bert_jax.settings.data import DataSettings, MaskingSettings, data_settings
 from bert_jax.settings.init import SOURCE_MODEL_FIELDS, InitSettings, init_settings
@@ -34,14 +35,14 @@ from bert_jax.storage.retries import check_path
 __all__ = ("Settings", "from_config", "data_settings", "phases", "DataSettings",
            "MaskingSettings", "OptimizerSettings", "TrainSettings", "Phase", "SpikeSettings",
            "BatchRampSettings", "MeshSettings", "RunSettings", "ProbeSettings",
-           "ProfileSettings", "InitSettings", "SOURCE_MODEL_FIELDS", "BertConfig")
+           "ProfileSettings", "InitSettings", "SOURCE_MODEL_FIELDS", "ModelConfig")
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
   data: DataSettings
   masking: MaskingSettings
-  model: BertConfig  # vocab_size is a placeholder until the vocabulary is known
+  model: ModelConfig  # vocab_size is a placeholder until the vocabulary is known
   optimizer: OptimizerSettings
   train: TrainSettings
   mesh: MeshSettings
@@ -58,7 +59,7 @@ class Settings:
     """`config.objective` ('mlm+nsp', 'mlm', 'mlm+sop'): the data's and the loss's."""
     return self.data.objective
 
-  def model_config(self, vocab_size: int) -> BertConfig:
+  def model_config(self, vocab_size: int) -> ModelConfig:
     """The model of this run once the vocabulary is known."""
     return dataclasses.replace(self.model, vocab_size=vocab_size).validate()
 
@@ -68,23 +69,25 @@ def _fields(cls, node: ml_collections.ConfigDict, exclude: tuple = ()) -> dict:
   return {k: v for k, v in node.items() if k in names}
 
 
-def _check_model_with_recipe(c: ml_collections.ConfigDict, model: BertConfig,
+def _check_model_with_recipe(c: ml_collections.ConfigDict, model: ModelConfig,
                              init: InitSettings) -> None:
   """Cross-field checks of the model against the data and recipe, before any work."""
   if model.attention_kernel == "splash" and not model_config.splash_tiles_fit(c.train.seq_lens):
     raise fail("train.seq_lens", tuple(c.train.seq_lens), f"multiples of {model_config.SPLASH_TILE}"
                " with --config.model.attention_kernel='splash' (its blocks are TPU tiles of "
                f"{model_config.SPLASH_TILE})")
-  if model.family != "modernbert" and tuple(c.train.get("phase_rope_thetas", ())):
+  fam = family.of(model)
+  if not fam.rope and tuple(c.train.get("phase_rope_thetas", ())):
     raise fail("train.phase_rope_thetas", tuple(c.train.phase_rope_thetas), "() with "
                f"--config.model.family={model.family!r} (learned positions have no RoPE base)")
-  if model.family == "modernbert" and c.get("objective", "mlm+nsp") != "mlm":
-    raise fail("objective", c.get("objective", "mlm+nsp"), "'mlm' with --config.model.family="
-                "'modernbert' (it has no next-sentence or sentence-order head)")
+  if c.get("objective", "mlm+nsp") not in fam.objectives:
+    raise fail("objective", c.get("objective", "mlm+nsp"),
+               f"one of {', '.join(repr(o) for o in fam.objectives)} with "
+               f"--config.model.family={model.family!r} (its heads train no other)")
   if c.masking.get("whole_word", False) and data_settings(c).is_bpe:
     raise fail("masking.whole_word", True, "False with a BPE vocabulary (whole words are "
                 "found from WordPiece's '##' pieces)")
-  if model.family == "bert" and model.type_vocab_size < 2 and not init.path:  # A and B alike
+  if fam.segments and model.type_vocab_size < 2 and not init.path:  # A and B alike
     raise fail("model.type_vocab_size", model.type_vocab_size,
                 ">= 2 (segment A and segment B of a sentence pair)")
 
@@ -141,7 +144,7 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
     raise fail("data.streams", streams, f"a divisor of --config.train.batch_size="
                 f"{t.batch_size} (each batch is one sub-batch per stream)")
   positive_int("train.max_consecutive_nonfinite", t.max_consecutive_nonfinite)
-  fields = _fields(BertConfig, c.model, exclude=("vocab_size",))
+  fields = _fields(ModelConfig, c.model, exclude=("vocab_size",))
   requested_dtype = fields["dtype"]
   if requested_dtype not in ("auto", "float32", "bfloat16", "float16"):
     raise fail("model.dtype", requested_dtype, "'auto', 'float32', 'bfloat16' or 'float16'")
@@ -150,7 +153,7 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
   requested_kernel = fields["attention_kernel"]
   fields["attention_kernel"] = precision.resolve_attention_kernel(
       requested_kernel, fields["attention_dropout_rate"], tuple(t.seq_lens))
-  model = BertConfig(vocab_size=1, **fields)
+  model = ModelConfig(vocab_size=1, **fields)
   data = c.data.to_dict()
   init = init_settings(c, data, explicit)
   if not init.path:  # else the shape is the source's: bert_jax.train.init_from checks the config

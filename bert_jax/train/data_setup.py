@@ -30,16 +30,16 @@ from bert_jax.data import dataset, prep_merge
 from bert_jax.data.prep_store import MANIFEST_FILE as MANIFEST
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.storage import fs, outputs
-from bert_jax.storage.workdir import Workdir
+from bert_jax.storage.workdir import Workdir, opened
 from bert_jax.settings import DataSettings
 from bert_jax.data import bpe
 from bert_jax.data.bpe import AnyTokenizer
 
 
 def prepare_data(data: DataSettings, seq_lens: list[int], seed: int,
-                 workdir: str) -> dataset.Prepared:
+                 workdir: Workdir) -> dataset.Prepared:
   """The prepared examples of every seq_len (prepared now if not stored yet)."""
-  cache_dir = data.cache_dir or Workdir(workdir).prepared
+  cache_dir = data.cache_dir or opened(workdir).prepared
   data = local_inputs(data)
   local_copy = fs.local_copy_dir(cache_dir)
   if local_copy is not None:  # a bucket: prepared once into it, read from each host's copy

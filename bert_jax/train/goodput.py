@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from bert_jax import console
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.storage import fs
-from bert_jax.storage.workdir import Workdir
+from bert_jax.storage.workdir import Workdir, opened
 
 CATEGORIES = ("productive", "startup", "compile", "data_wait", "eval", "checkpoint",
               "lost_restart", "other")
@@ -60,9 +60,9 @@ def process_start_time() -> float:
 class Ledger:
   """This session's seconds per category, its steps, and the sessions before it."""
 
-  def __init__(self, workdir: str, writer: bool, started: float | None = None):
+  def __init__(self, workdir: Workdir, writer: bool, started: float | None = None):
     self.started = process_start_time() if started is None else started
-    self.directory = Workdir(workdir).goodput
+    self.directory = opened(workdir).goodput
     self.path = fs.join(self.directory, f"session-{int(self.started * 1000)}-"
                                         f"{socket.gethostname()}-{os.getpid()}.json")
     self.writer = writer
@@ -71,7 +71,7 @@ class Ledger:
     self.steps = 0  # productive steps of this session
     self.recomputed = 0
     self._loop_started = self._made = False
-    self._bucket = Workdir(workdir).is_bucket
+    self._bucket = opened(workdir).is_bucket
     self._lock = threading.Lock()
     self._writer: threading.Thread | None = None
     self._pending: dict | None = None

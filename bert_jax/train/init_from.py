@@ -39,15 +39,15 @@ import jax
 
 from bert_jax import console
 from bert_jax.io import source_check
+from bert_jax.model import family
 from bert_jax.train.eval_report import describe_eval, with_stderr
 from bert_jax.data import corpus, dataset, vocab_extension
-from bert_jax.io import checkpointing, hf_modernbert, hf_weights, sources
+from bert_jax.io import checkpointing, hf_families, hf_weights, sources
 from bert_jax.storage import fs
-from bert_jax.storage.workdir import Workdir
+from bert_jax.storage.workdir import opened
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.io.hf_weights import (ENCODER, GROUP_NAMES, MLM, NSP, bert_config_from_hf,
-                                   hf_state_to_params, params_to_hf_state)
-from bert_jax.model.config import BertConfig
+from bert_jax.io.hf_weights import ENCODER, GROUP_NAMES, MLM, NSP
+from bert_jax.settings.model import ModelConfig
 from bert_jax.settings import SOURCE_MODEL_FIELDS, DataSettings, Settings
 from bert_jax.settings.init import SOURCE_DATA_FIELDS
 from bert_jax.data import bpe
@@ -61,7 +61,7 @@ class Source:
   """A resolved source: what it is, its model config (float32) and tokenizer."""
   path: str
   kind: str  # 'huggingface' | 'tensorflow' | 'bert-jax'
-  config: BertConfig
+  config: ModelConfig
   tokenizer: AnyTokenizer
   lowercase_from: str
   heads: Optional[dict] = None  # bert-jax sources: what their meta says about the heads
@@ -84,9 +84,7 @@ class Source:
     if self.kind == "tensorflow":
       return hf_weights.tf_to_hf(sources.load_tf_checkpoint(
           sources.tf_checkpoint_prefix(self.path)))
-    if self.config.family == "modernbert":
-      return hf_modernbert.params_to_hf_state(jax.device_get(self._params), self.config)
-    return params_to_hf_state(jax.device_get(self._params), self.config)
+    return hf_families.of(self.config).export_state(jax.device_get(self._params), self.config)
 
 
 def _flag(path: str) -> str:
@@ -103,7 +101,7 @@ def _local_unless_checkpoint(path: str) -> str:
 
 
 def _is_checkpoint(path: str) -> bool:
-  return fs.isdir(Workdir(path).checkpoints) or fs.isdir(fs.join(path, "params"))
+  return fs.isdir(opened(path).checkpoints) or fs.isdir(fs.join(path, "params"))
 
 
 def _kind(path: str) -> str:
@@ -119,7 +117,7 @@ def _kind(path: str) -> str:
       return "huggingface"
     if has("bert_config.json") or glob.glob(os.path.join(path, "*.index")):
       return "tensorflow"
-    if (os.path.isdir(Workdir(path).checkpoints) or has("params") or
+    if (os.path.isdir(opened(path).checkpoints) or has("params") or
         any(n.isdigit() for n in os.listdir(path))):
       return "bert-jax"
   raise ConfigError(
@@ -135,9 +133,7 @@ def _read_hf_like(path: str, kind: str) -> Source:
   config_path = next((os.path.join(path, n) for n in names
                       if os.path.isfile(os.path.join(path, n))), os.path.join(path, names[0]))
   hf_config = sources.read_json(config_path, "model config")
-  config = (hf_modernbert.config_from_hf(hf_config, config_path)
-            if hf_modernbert.is_modernbert(hf_config) else bert_config_from_hf(hf_config,
-                                                                               config_path))
+  config = hf_families.for_hf_config(hf_config).config_from_hf(hf_config, config_path)
   # vocab.txt, tokenizer.json (WordPiece or BPE: transformers 5 saves only this) or both.
   tokenizer, lower_from = sources.read_hf_tokenizer(path, hf_config, config, config_path)
   return Source(path, kind, config, tokenizer, lower_from)
@@ -149,7 +145,7 @@ def _read_bert_jax(path: str) -> Source:
     if field not in meta:
       raise ConfigError(f"checkpoint meta has no {field!r}; expected a checkpoint written by "
                         "train.py or bert_jax.io.convert")
-  config = dataclasses.replace(BertConfig.from_dict(meta["model_config"]), dtype="float32")
+  config = dataclasses.replace(ModelConfig.from_dict(meta["model_config"]), dtype="float32")
   tokenizer = bpe.from_meta(meta, source="checkpoint meta vocab")
   return Source(path, "bert-jax", config.validate(), tokenizer,
                 meta.get("lowercase_from", "the checkpoint's meta"), meta.get("heads"),
@@ -168,11 +164,9 @@ def resolve(s: Settings) -> Source:
     # The whole source, before any data is prepared or folder made (not at step 0).
     if kind == "bert-jax":
       source_check.check_params(source._params, source.config, path)
-    elif source.config.family == "modernbert":  # read whole: its table checks every name
-      _modernbert_params(source, source.config, seed=0)
     else:
-      source_check.check_weights(path, kind, source.config)
-    if s.init.extend_vocab and (source.config.family == "modernbert"
+      hf_families.of(source.config).check_source(path, kind, source.config, source.hf_state)
+    if s.init.extend_vocab and (not family.of(source.config).extend_vocab
                                 or isinstance(source.tokenizer, bpe.BpeTokenizer)):
       raise ConfigError("--config.data.extend_vocab with a ModernBERT or BPE source: not "
                         "supported yet (WordPiece BERT sources only); expected 0")
@@ -240,30 +234,18 @@ def data_settings(s: Settings, source: Source) -> Iterator[tuple[DataSettings, A
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def initial_params(source: Source, config: BertConfig, ext, seed: int) -> tuple[dict, dict]:
+def initial_params(source: Source, config: ModelConfig, ext, seed: int) -> tuple[dict, dict]:
   """(our params as numpy for `config`, group -> 'imported' | 'initialised')."""
-  if config.family == "modernbert":
-    return _modernbert_params(source, config, seed)
   state = source.hf_state()
   if ext is not None:
     state = vocab_extension.extend_hf_state(state, ext)
-  params, report = hf_state_to_params(state, config, source=source.path, heads=True, seed=seed)
+  params, report = hf_families.of(config).import_state(state, config, source=source.path,
+                                                       heads=True, seed=seed)
   groups = dict(report.groups)
   if source.heads:  # a bert_jax.io.convert checkpoint: what its own import did
     groups = {g: ("initialised at its import" if source.heads.get(g) == "initialised" else v)
               for g, v in groups.items()}
   source.fresh_heads = tuple(g for g in (MLM, NSP) if groups.get(g, "").startswith("initial"))
-  return params, groups
-
-
-def _modernbert_params(source: Source, config: BertConfig, seed: int) -> tuple[dict, dict]:
-  """A ModernBERT source's params for `config` (the run's padding), its MLM head
-  initialised where the source has none (a bare ModernBertModel)."""
-  params, missing, _ = hf_modernbert.hf_state_to_params(
-      source.hf_state(), config, hf_modernbert.abstract_params(config), source=source.path)
-  params = hf_modernbert.fill_missing(params, missing, config, seed)
-  groups = {ENCODER: "imported", MLM: "initialised" if missing else "imported"}
-  source.fresh_heads = (MLM,) if missing else ()
   return params, groups
 
 

@@ -35,13 +35,13 @@ from bert_jax.errors import ConfigError
 from bert_jax.settings import DataSettings, Phase
 from bert_jax.settings.data import SourceSettings
 from bert_jax.storage import fs, outputs
-from bert_jax.storage.workdir import Workdir
+from bert_jax.storage.workdir import Workdir, opened
 from bert_jax.train import data_setup
 
 _MEAN_SAMPLE = 16_384  # examples read to measure a source's mean tokens per example
 
 
-def prepare(data: DataSettings, seq_lens: list[int], seed: int, workdir: str,
+def prepare(data: DataSettings, seq_lens: list[int], seed: int, workdir: Workdir,
             phases: Sequence[Phase] = ()) -> dataset.Prepared:
   """The mixed data of every seq_len: each source prepared (if not stored) as a corpus
   of its own, all with one vocabulary."""
@@ -116,11 +116,11 @@ def _mean_tokens(source, directory: str, seq_len: int) -> float:
 
 
 def _vocabulary(data: DataSettings, sources: Sequence[SourceSettings], seed: int,
-                workdir: str) -> str:
+                workdir: Workdir) -> str:
   """The path of the mixture's trained vocabulary on this host (made by process 0). On a
   bucket cache it is kept in the bucket too: a host that lost its disk gets the same one
   (a WordPiece vocabulary trained again can differ: huggingface/tokenizers#1794)."""
-  cache_dir = data.cache_dir or Workdir(workdir).prepared
+  cache_dir = data.cache_dir or opened(workdir).prepared
   copy = fs.local_copy_dir(cache_dir)  # a bucket cache: this host's copy of it
   home = copy or os.path.abspath(cache_dir)
   settings = [data.of_source(s, "") for s in sources]

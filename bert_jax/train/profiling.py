@@ -14,26 +14,23 @@ costs one flag test per step and one look for the file per log interval.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from typing import Any, Optional
 
 import jax
 
 from bert_jax import console
 from bert_jax.storage import fs
-from bert_jax.storage.workdir import Workdir
+from bert_jax.storage.workdir import Staged, Workdir, opened
 
 
 class StepProfiler:
 
-  def __init__(self, steps: tuple, on_demand_steps: int, workdir: str):
+  def __init__(self, steps: tuple, on_demand_steps: int, workdir: Workdir):
     self.planned = tuple(steps)  # (start, end) or ()
     self.on_demand_steps = on_demand_steps
-    self.workdir = workdir
+    self.workdir = opened(workdir)
     self.end: Optional[int] = None  # while tracing: the step it stops after
-    self._local: Optional[str] = None
+    self._staged: Optional[Staged] = None  # while tracing: where the trace is written
     self.captures: list[str] = []  # where each finished trace went
     self._stuck: Optional[str] = None  # a request file that could not be removed
 
@@ -66,7 +63,7 @@ class StepProfiler:
 
   def check_request(self, step: int) -> None:
     """At a log point: `<workdir>/PROFILE` asks for the next steps."""
-    path = Workdir(self.workdir).profile_request
+    path = self.workdir.profile_request
     if self.active or not fs.exists(path):
       return
     n = self.on_demand_steps
@@ -98,22 +95,16 @@ class StepProfiler:
       self._stop()
 
   def _start(self, step: int, end: int) -> None:
-    tb = Workdir(self.workdir).tensorboard
-    bucket = Workdir(self.workdir).is_bucket
-    self._local = tempfile.mkdtemp(prefix="bert_jax-profile-") if bucket else tb
-    jax.profiler.start_trace(self._local, create_perfetto_trace=False)
+    self._staged = self.workdir.staging(self.workdir.tensorboard, folder=True)
+    jax.profiler.start_trace(self._staged.local, create_perfetto_trace=False)
     self.end = end
     console.log(f"profile: tracing steps {step}..{end - 1}")
 
   def _stop(self) -> None:
     jax.profiler.stop_trace()
     self.end = None
-    tb = Workdir(self.workdir).tensorboard
-    where = tb
-    if self._local != tb:  # a bucket: upload what was written
-      for path in fs.find(self._local):
-        fs.upload(path, fs.join(tb, os.path.relpath(path, self._local)))
-      shutil.rmtree(self._local, ignore_errors=True)
+    where = self._staged.target
+    self._staged.publish()  # a bucket's: uploaded now
     self.captures.append(where)
     console.log(f"profile: trace written to {fs.join(where, 'plugins', 'profile')} "
                 "(TensorBoard's Profile tab, or Perfetto: *.trace.json.gz)")

@@ -16,7 +16,7 @@ from bert_jax import console
 from bert_jax.errors import ConfigError
 from bert_jax.storage import fs
 from bert_jax.storage.mirror import LogFiles
-from bert_jax.storage.workdir import METRICS, TENSORBOARD, Workdir
+from bert_jax.storage.workdir import METRICS, TENSORBOARD, Workdir, opened
 
 
 def _summary_writer() -> type:
@@ -50,16 +50,16 @@ _OWN_PREFIX = '{"split": "'
 
 class Reporter:
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: Workdir):
     self.active = jax.process_index() == 0
-    where = Workdir(workdir)
+    where = opened(workdir)
     self.history_path, self.plot_path = where.metrics, where.plot
     # Opened at the first write: a run that fails before logging anything (e.g.
     # resuming with another model size) leaves no new events file behind.
     self._tensorboard_dir = where.tensorboard
     # On a bucket, both are local copies that a background thread appends to their
     # objects (storage/mirror.py): a log point never waits on the bucket.
-    self._logs = LogFiles(workdir)
+    self._logs = LogFiles(where.root)
     self._writer = None
     self._failed = False  # a write failed (full disk): close() then stays quiet
     self.skipped_lines = 0  # lines of metrics.jsonl that the last read skipped

@@ -17,10 +17,10 @@ from bert_jax import console
 from bert_jax.parallel import sharding
 from bert_jax.io import checkpointing
 from bert_jax.storage import fs, outputs, workdir_lock
-from bert_jax.storage.workdir import Workdir
+from bert_jax.storage.workdir import Workdir, opened
 from bert_jax.data import bpe
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError
-from bert_jax.model.config import RUNTIME_FIELDS, BertConfig
+from bert_jax.settings.model import RUNTIME_FIELDS, ModelConfig
 from bert_jax.settings import Phase, Settings
 from bert_jax.settings.train import phases as settings_phases
 from bert_jax.train.steps import TrainSteps
@@ -39,7 +39,7 @@ class RunState:
   spike: dict = dataclasses.field(default_factory=dict)  # train/spikes.SpikeDetector.state()
 
 
-def check_resume_compatible(meta: dict, bert_config: BertConfig, ckpt_dir: str,
+def check_resume_compatible(meta: dict, bert_config: ModelConfig, ckpt_dir: str,
                             vocab: Optional[Sequence[str]] = None) -> None:
   """A checkpoint's run must be this run's model and vocabulary; else one CheckpointError line.
 
@@ -95,7 +95,7 @@ def check_same_recipe(saved: dict, ours: dict, ckpt_dir: str) -> None:
           f"resume with --config.{field}={there!r} or use another --workdir")
 
 
-def check_same_phase(saved: Any, step: Any, s: Settings, workdir: str) -> None:
+def check_same_phase(saved: Any, step: Any, s: Settings, workdir: Workdir) -> None:
   """A run stopped inside a phase resumes at that phase's length, predictions and masking
   rates: its data position is a position among examples of that length (a changed
   `seq_lens` entry once went on at the new length from the old one's position), and
@@ -131,7 +131,7 @@ def check_same_phase(saved: Any, step: Any, s: Settings, workdir: str) -> None:
 
 
 def check_same_phase_mixture(saved_data: dict, saved_train: Any, step: Any, s: Settings,
-                             workdir: str) -> None:
+                             workdir: Workdir) -> None:
   """A mixture's weights and temperature per phase may change on resume for the phases
   not started yet; the phase the run stopped inside keeps its own."""
   if not (saved_data.get("phase_weights") or saved_data.get("phase_temperatures")
@@ -170,7 +170,7 @@ _DATA_IDENTITY = ("corpus", "format", "field", "max_documents", "lowercase", "so
 _TRAINED_VOCAB = ("vocab_size", "vocab_sample_bytes")  # only when no vocab_file is given
 
 
-def check_same_data(s: Settings, workdir: str) -> None:
+def check_same_data(s: Settings, workdir: Workdir) -> None:
   """A workdir whose checkpoint was trained on another corpus or vocabulary is refused."""
   meta = checkpointing.newest_meta(checkpoint_dir(workdir))
   if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
@@ -384,5 +384,5 @@ class RunCheckpoints:
       pass  # e.g. the error of a save already reported
 
 
-def checkpoint_dir(workdir: str) -> str:
-  return Workdir(workdir).checkpoints
+def checkpoint_dir(workdir: Workdir) -> str:
+  return opened(workdir).checkpoints

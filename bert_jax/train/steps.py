@@ -27,15 +27,15 @@ import optax
 from jax.sharding import Mesh
 
 from bert_jax.parallel import sharding
-from bert_jax.model import family, losses, masking, precision, splash
-from bert_jax.model import family as model_lib
+from bert_jax.model import losses, masking, precision, splash
+from bert_jax.model import build
 from bert_jax.train import optim
 from bert_jax.errors import ConfigError
-from bert_jax.model.config import BertConfig
+from bert_jax.settings.model import ModelConfig
 from bert_jax.data.pretraining_data import Batch
 from bert_jax.settings.data import OBJECTIVES
-from bert_jax.data.tokenizer import CLS, PAD, SPECIAL_TOKENS
-from bert_jax.settings import MaskingSettings, OptimizerSettings, Phase, Settings
+from bert_jax.data.tokenizer import SpecialIds
+from bert_jax.settings import Phase, Settings
 
 # Metric prefix of the 2-way head's task per objective; None: MLM alone.
 HEAD_TASK = {"mlm+nsp": "nsp", "mlm": None, "mlm+sop": "sop"}
@@ -45,42 +45,40 @@ assert set(HEAD_TASK) == set(OBJECTIVES)
 class TrainSteps:
   """The model, optimizer, shardings and compiled steps of one run."""
 
-  def __init__(self, bert_config: BertConfig, optimizer: OptimizerSettings,
-               masking_settings: MaskingSettings, special_ids: list[int], mask_id: int,
-               mesh: Mesh, param_sharding: str = "replicated", grad_accum_steps: int = 1,
-               seed: int = 0, is_continuation_V: Optional[np.ndarray] = None,
-               objective: str = "mlm+nsp", packed: bool = False,
-               phase_thetas: tuple = ()):
-    if objective not in HEAD_TASK:
-      raise ConfigError(f"--config.objective={objective!r}: expected one of "
+  def __init__(self, s: Settings, vocab_size: int, special: SpecialIds, mesh: Mesh,
+               is_continuation_V: Optional[np.ndarray] = None):
+    """The steps of a run with settings `s` on a vocabulary of `vocab_size` tokens whose
+    special ids are `special`, compiled for `mesh`; `is_continuation_V` marks WordPiece
+    continuations (whole-word masking)."""
+    if s.objective not in HEAD_TASK:
+      raise ConfigError(f"--config.objective={s.objective!r}: expected one of "
                         f"{', '.join(OBJECTIVES)}")
-    self.head_task = HEAD_TASK[objective]
-    self.bert_config = bert_config
-    self.model = family.pretraining_model(bert_config)
+    self.head_task = HEAD_TASK[s.objective]
+    self.bert_config = s.model_config(vocab_size)
+    self.model = build.pretraining_model(self.bert_config)
     # ModernBERT's context extension: the global RoPE base of each phase (() or 0: the
     # model's). The parameters are the same in every phase; only the model applied differs.
-    self.phase_thetas = tuple(phase_thetas)
+    self.phase_thetas = (tuple(ph.rope_theta for ph in s.train.phases)
+                         if any(ph.rope_theta for ph in s.train.phases) else ())
     self._models = {0.0: self.model}
-    self.tx, self.schedule = optim.make_optimizer(optimizer)
+    self.tx, self.schedule = optim.make_optimizer(s.optimizer)
     self.mesh = mesh
     # The platform the steps are compiled for (a TPU mesh on a CPU host is TPU).
     self.platform = mesh.devices.flat[0].platform
-    self.rules = sharding.logical_rules(param_sharding)
-    self.grad_accum_steps = grad_accum_steps
-    self.mask_prob = masking_settings.mask_prob
-    self.special_ids = list(special_ids)
-    # Packed rows (data/packing): each [CLS] starts a document. special_ids is the
-    # tokenizer's, in SPECIAL_TOKENS' order.
-    self.cls_id = self.special_ids[SPECIAL_TOKENS.index(CLS)] if packed else None
-    self.mask_id = mask_id
-    self.is_continuation = (jnp.asarray(is_continuation_V) if masking_settings.whole_word
+    self.rules = sharding.logical_rules(s.mesh.param_sharding)
+    self.grad_accum_steps = s.train.grad_accum_steps
+    self.mask_prob = s.masking.mask_prob
+    self.special = SpecialIds(*special)
+    # Packed rows (data/packing): each [CLS] starts a document.
+    self.packed = s.data.packing
+    self.is_continuation = (jnp.asarray(is_continuation_V) if s.masking.whole_word
                             else None)
-    self.train_key, self.eval_key = jax.random.split(jax.random.key(seed))
+    self.train_key, self.eval_key = jax.random.split(jax.random.key(s.run.seed))
     self._init_shardings()
     self._steps: dict = {}
 
   def _init_shardings(self):
-    boxed = model_lib.abstract_params(self.bert_config)
+    boxed = build.abstract_params(self.bert_config)
     self.param_shardings = sharding.tree_shardings(boxed, self.mesh, self.rules)
     abstract_params = nn.meta.unbox(boxed)
     abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
@@ -93,7 +91,7 @@ class TrainSteps:
 
   def init_state(self) -> tuple[Any, Any]:
     """Fresh (params, opt_state), created directly in their shardings."""
-    init = jax.jit(lambda k: model_lib.init_params(self.bert_config, k),
+    init = jax.jit(lambda k: build.init_params(self.bert_config, k),
                    out_shardings=self.param_shardings)
     params = init(jax.random.fold_in(self.train_key, 2**31 - 1))
     opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
@@ -103,37 +101,37 @@ class TrainSteps:
     # Prepared rows are padded with 0; a vocabulary whose [PAD] is another id (a published
     # ModernBERT's tokenizer.json) gets its own: padding is never a masking candidate and
     # the model sees what its reference would. With [PAD] = 0 nothing changes.
-    pad_id = self.special_ids[SPECIAL_TOKENS.index(PAD)]
     ids_BxL = jnp.asarray(batch.input_ids_BxL)
-    if pad_id != 0:
-      ids_BxL = jnp.where(batch.input_mask_BxL > 0, ids_BxL, pad_id)
+    if self.special.pad != 0:
+      ids_BxL = jnp.where(batch.input_mask_BxL > 0, ids_BxL, self.special.pad)
     return masking.mask_tokens(
-        key, ids_BxL, vocab_size=self.bert_config.vocab_size, mask_id=self.mask_id,
-        special_ids=self.special_ids, max_predictions=max_predictions,
+        key, ids_BxL, vocab_size=self.bert_config.vocab_size, mask_id=self.special.mask,
+        special_ids=self.special, max_predictions=max_predictions,
         mask_prob=self.mask_prob if mask_prob is None else mask_prob,
         is_continuation_V=self.is_continuation)
 
-  def config_at(self, phase_index: int) -> BertConfig:
+  def config_at(self, phase_index: int) -> ModelConfig:
     """The model config phase `phase_index` trains (its RoPE base; what its checkpoints'
     meta records, so features and exports of a step use the base it was trained with)."""
     theta = self.phase_thetas[min(phase_index, len(self.phase_thetas) - 1)] if (
         self.phase_thetas) else 0.0
     return self._config_with(theta)
 
-  def _config_with(self, rope_theta: float) -> BertConfig:
+  def _config_with(self, rope_theta: float) -> ModelConfig:
     if not rope_theta:
       return self.bert_config
     return dataclasses.replace(self.bert_config, global_rope_theta=float(rope_theta))
 
   def _model_for(self, rope_theta: float):
     if rope_theta not in self._models:
-      self._models[rope_theta] = family.pretraining_model(self._config_with(rope_theta))
+      self._models[rope_theta] = build.pretraining_model(self._config_with(rope_theta))
     return self._models[rope_theta]
 
   def _sums(self, params, batch: Batch, masked, dropout_key, deterministic, rope_theta=0.0):
     documents_BxL = None
-    if self.cls_id is not None:  # from the ids before masking: it may draw [CLS] at random
-      documents_BxL = jnp.cumsum(batch.input_ids_BxL == self.cls_id, axis=1, dtype=jnp.int32)
+    if self.packed:  # from the ids before masking: it may draw [CLS] at random
+      documents_BxL = jnp.cumsum(batch.input_ids_BxL == self.special.cls, axis=1,
+                                 dtype=jnp.int32)
     # The mixed dots' layout; splash's shard_map over the step's mesh.
     with precision.target_platform(self.platform), splash.sharded_over(self.mesh):
       out = self._model_for(rope_theta).apply(
@@ -321,14 +319,10 @@ def summarize(sums: dict) -> dict:
   return out
 
 
-def make_steps(s: Settings, vocab_size: int, special_ids: list[int], mask_id: int,
+def make_steps(s: Settings, vocab_size: int, special: SpecialIds,
                is_continuation_V=None, mesh=None) -> TrainSteps:
   """The compiled-step owner of a run with these settings and vocabulary."""
   if mesh is None:  # a caller that passes a mesh has checked the batch against it
     mesh = sharding.make_mesh(s.mesh.model_parallel)
     sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
-  return TrainSteps(s.model_config(vocab_size), s.optimizer, s.masking, special_ids, mask_id,
-                    mesh, s.mesh.param_sharding, s.train.grad_accum_steps, s.run.seed,
-                    is_continuation_V, objective=s.objective, packed=s.data.packing,
-                    phase_thetas=tuple(ph.rope_theta for ph in s.train.phases)
-                    if any(ph.rope_theta for ph in s.train.phases) else ())
+  return TrainSteps(s, vocab_size, special, mesh, is_continuation_V)

@@ -14,8 +14,8 @@ import collections
 import time
 from typing import Optional
 
-from bert_jax.model import flops
-from bert_jax.model.config import BertConfig
+from bert_jax.model import family, flops
+from bert_jax.settings.model import ModelConfig
 from bert_jax.settings import Phase, Settings
 
 
@@ -51,7 +51,7 @@ class Interval:
 class Throughput:
   """Rates of the timed steps of one session, against the devices' peak where known."""
 
-  def __init__(self, s: Settings, config: BertConfig, device_kind: str, device_count: int):
+  def __init__(self, s: Settings, config: ModelConfig, device_kind: str, device_count: int):
     self.s, self.config = s, config
     self.device_kind, self.device_count = device_kind, device_count
     self.peak = flops.peak_flops(device_kind)  # per device; None: unknown (CPU)
@@ -59,7 +59,7 @@ class Throughput:
 
   def flops_per_step(self, phase: Phase) -> float:
     c = self.config
-    return flops.config_flops(c, "train", self.s.train.batch_size, phase.seq_len,
+    return family.of(c).flops(c, "train", self.s.train.batch_size, phase.seq_len,
                               phase.max_predictions)
 
   def rates(self, seconds: float, n_steps: int, real_tokens: float, sequences: int,

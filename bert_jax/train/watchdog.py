@@ -23,7 +23,6 @@ import contextlib
 import os
 import socket
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -31,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from bert_jax.storage import fs
-from bert_jax.storage.workdir import Workdir
+from bert_jax.storage.workdir import Staged, Workdir, opened
 
 EXIT_STATUS = 3  # ended by the watchdog: a scheduler may restart the run
 COPY_WAIT_S = 10.0  # at most this long for the hang file's copy to a bucket, before exiting
@@ -40,8 +39,9 @@ MIN_TIMEOUT_S = 1.0  # settings refuses less: a step's own dispatch can take tha
 
 class Watchdog:
 
-  def __init__(self, timeout_s: float, workdir: str, exit_on_hang: bool = False):
-    self.timeout_s, self.workdir, self.exit_on_hang = float(timeout_s), workdir, exit_on_hang
+  def __init__(self, timeout_s: float, workdir: Workdir, exit_on_hang: bool = False):
+    self.timeout_s, self.exit_on_hang = float(timeout_s), exit_on_hang
+    self.workdir = opened(workdir)
     self.step = 0
     self.fired: Optional[str] = None  # the newest stall's stack file, once written
     self.stalls = 0  # stalls reported: each stall once, however many (a false alarm
@@ -115,24 +115,21 @@ class Watchdog:
     text = (f"no training step completed for {idle:.0f} s after step {self.step} "
             f"(config.watchdog_s={self.timeout_s:g}); every thread's Python stack:\n\n"
             + stacks())
-    bucket = Workdir(self.workdir).is_bucket
-    if bucket:
-      fd, local = tempfile.mkstemp(prefix="bert_jax-hang-", suffix=".txt")
-      os.close(fd)
-    else:
-      local = Workdir(self.workdir).hang_file(socket.gethostname(), os.getpid(), self.step)
+    staged = local = None
     try:
+      staged = self.workdir.staging(
+          self.workdir.hang_file(socket.gethostname(), os.getpid(), self.step))
+      local = staged.local
       fs.write_text(local, text)
     except OSError:  # a full or read-only local disk: the line still goes out
       local = None
     self.fired = local or "(not written: the local disk refused it)"
     copy = None
     where = self.fired
-    if bucket and local is not None:
-      target = Workdir(self.workdir).hang_file(socket.gethostname(), os.getpid(), self.step)
-      copy = threading.Thread(target=self._copy, args=(local, target), daemon=True,
+    if staged is not None and staged.copied and local is not None:
+      copy = threading.Thread(target=self._copy, args=(staged,), daemon=True,
                               name="bert_jax-watchdog-copy")
-      where = f"{local} (being copied to {target})"
+      where = f"{local} (being copied to {staged.target})"
     end = (f"; exiting with status {EXIT_STATUS} (config.watchdog_exit) so a scheduler "
            "restarts the run; it resumes from its newest checkpoint" if self.exit_on_hang
            else "; still waiting")
@@ -147,10 +144,10 @@ class Watchdog:
         copy.join(COPY_WAIT_S)  # bounded: a stalled bucket does not delay the exit more
       os._exit(EXIT_STATUS)  # pylint: disable=protected-access  (the main thread is stuck)
 
-  def _copy(self, local: str, target: str) -> None:
+  def _copy(self, staged: Staged) -> None:
     try:
-      fs.upload(local, target)
-      self.fired = target
+      staged.publish()
+      self.fired = staged.target
     except Exception:  # pylint: disable=broad-except
       pass  # the local file stays, named in the line already said
 

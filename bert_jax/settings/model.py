@@ -1,14 +1,15 @@
-"""The model's shape and numerics as plain data: no JAX, no Flax.
+"""The settings' model section: the encoder's shape and numerics as plain data, no JAX or Flax.
 
-Settings, data and checkpoint code read and check it without importing the model.
+Settings, data and checkpoint code read and check it without importing the model. The
+family-specific checks are the family's own (model/family.py, plain data too).
 """
 
 import dataclasses
-import math
 import numbers
 from typing import Any
 
 from bert_jax.errors import ConfigError
+from bert_jax.model import family as family_registry
 
 # Compute dtypes by name (jax.numpy is imported only when a dtype object is asked for).
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -22,9 +23,6 @@ SPLASH_TILE = 128
 REMAT_POLICIES = ("full", "save_dots")
 CPU_FORWARD_DOTS = ("auto", "ynnpack", "eigen")
 ATTENTION_SOFTMAX = ("standard", "deferred")
-
-
-FAMILIES = ("bert", "modernbert")  # model/bert.py, model/modernbert.py
 
 
 def splash_tiles_fit(seq_lens) -> bool:
@@ -41,7 +39,7 @@ RUNTIME_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "remat", "d
 
 
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
+class ModelConfig:
   """The encoder's shape and numerics, for either family (`family`)."""
   vocab_size: int  # real vocabulary size (tokenizer)
   # 'bert' (the 2018 model, the default) or 'modernbert' (transformers' ModernBertModel).
@@ -129,7 +127,7 @@ class BertConfig:
     """True when matmuls take compute-dtype operands and accumulate in float32."""
     return self.dtype != "float32"
 
-  def validate(self) -> "BertConfig":
+  def validate(self) -> "ModelConfig":
     """Raises ConfigError for a config that cannot work."""
     positive = ("vocab_size", "hidden_size", "num_layers", "num_heads",
                 "intermediate_size", "max_position_embeddings", "type_vocab_size")
@@ -144,11 +142,9 @@ class BertConfig:
     for name in ("dropout_rate", "attention_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ConfigError(f"config.model.{name}={getattr(self, name)!r}: expected 0 <= rate < 1")
-    if self.family not in FAMILIES:
-      raise ConfigError(f"config.model.family={self.family!r}: expected one of "
-                        f"{', '.join(FAMILIES)}")
-    if self.family == "modernbert":
-      self._validate_modernbert()
+    family = family_registry.named(self.family)
+    if family.check:
+      family.check(self)
     for name, choices in (("dropout_rng", _DROPOUT_RNGS),
                           ("cpu_attention_layout", _CPU_ATTENTION_LAYOUTS),
                           ("remat_policy", REMAT_POLICIES),
@@ -179,25 +175,8 @@ class BertConfig:
                         f"{sorted(_DTYPES)}{hint}")
     return self
 
-  def _validate_modernbert(self) -> None:
-    for name in ("local_attention", "global_attn_every_n_layers"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"config.model.{name}={value!r}: expected a positive integer")
-    for name in ("global_rope_theta", "local_rope_theta"):
-      value = getattr(self, name)
-      # inf too: the checkpoint meta and an export's config.json would hold `Infinity`,
-      # which is not JSON.
-      if (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0
-          or not math.isfinite(value)):
-        raise ConfigError(f"config.model.{name}={value!r}: expected a positive finite number")
-    if (self.hidden_size // max(self.num_heads, 1)) % 2:
-      raise ConfigError(f"config.model.family='modernbert' rotates head dimensions in pairs, "
-                        f"but hidden_size/num_heads = {self.hidden_size}/{self.num_heads} is "
-                        "odd; expected an even head size")
-
   @classmethod
-  def from_dict(cls, d: dict) -> "BertConfig":
+  def from_dict(cls, d: dict) -> "ModelConfig":
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in d.items() if k in names})
 
