@@ -413,7 +413,7 @@ def test_a_step_with_infinite_loss_changes_nothing_and_is_counted(base, referenc
         "input_ids": ids, "segment_ids": segments, "input_mask": np.ones_like(ids),
         "next_sentence_label": np.zeros(16, np.int32)}), t.mesh)
 
-  step = t.train_step_fn(5)
+  step = t.train_step_fn(dataclasses.replace(t.phases[0], max_predictions=5))
   params, opt, _ = step(params, opt, jnp.int32(0), batch(False))
   before = jax.device_get((params, opt))
   params, opt, m = step(params, opt, jnp.int32(1), batch(True))

@@ -384,7 +384,8 @@ def test_each_phase_applies_its_own_rope_base_to_the_same_parameters():
   batch = Batch(input_ids_BxL=ids, segment_ids_BxL=np.zeros_like(ids),
                 input_mask_BxL=np.ones_like(ids), next_sentence_label_B=np.zeros(8, np.int32),
                 example_mask_B=np.ones(8, np.float32))
-  loss = {theta: steps.evaluate(params, [batch], 10, rope_theta=theta)["mlm_loss"]
+  phase = lambda theta: dataclasses.replace(steps.phases[0], max_predictions=10, rope_theta=theta)
+  loss = {theta: steps.evaluate(params, [batch], phase(theta))["mlm_loss"]
           for theta in (0.0, 10000.0, 160000.0)}
   assert loss[160000.0] == loss[0.0]
   assert abs(loss[10000.0] - loss[160000.0]) > 1e-6

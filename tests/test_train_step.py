@@ -49,7 +49,7 @@ def _run(config, devices, steps=2):
   mesh = sharding.make_mesh(config.mesh.model_parallel, devices=devices)
   t = _steps(config, mesh)
   params, opt = t.init_state()
-  step_fn = t.train_step_fn(5)
+  step_fn = t.train_step_fn(t.phases[0])
   losses = []
   for s in range(steps):
     params, opt, m = step_fn(params, opt, jnp.int32(s), sharding.global_batch(_batch(s), mesh))
@@ -100,7 +100,7 @@ def test_loss_decreases_on_a_repeated_batch():
   mesh = sharding.make_mesh(1)
   t = _steps(c, mesh)
   params, opt = t.init_state()
-  step_fn = t.train_step_fn(5)
+  step_fn = t.train_step_fn(t.phases[0])
   batch = sharding.global_batch(_batch(0), mesh)
   first = last = None
   for s in range(30):

@@ -20,9 +20,12 @@ import json, sys, time
 t_start = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
 import jax, jax.numpy as jnp, numpy as np
+from bert_jax import settings
+from bert_jax.data.pretraining_data import Batch
+from bert_jax.data.tokenizer import SpecialIds
 from bert_jax.parallel import sharding
 from bert_jax.train import compile_cache
-from bert_jax.trainer import Trainer, model_config
+from bert_jax.train.steps import make_steps
 from configs import tiny
 hits = []
 jax.monitoring.register_event_listener(
@@ -31,14 +34,15 @@ compile_cache.enable(sys.argv[2])
 c = tiny.get_config()
 c.model.dtype = sys.argv[3]
 mesh = sharding.make_mesh(1, devices=jax.devices()[:1])
-L, P, B = c.train.seq_lens[0], c.train.max_predictions[0], c.train.batch_size
-t = Trainer(c, model_config(c, c.data.vocab_size), [0, 1, 2, 3, 4], 4, mesh=mesh)
+L, B, V = c.train.seq_lens[0], c.train.batch_size, 1000
+t = make_steps(settings.from_config(c), V, SpecialIds(0, 1, 2, 3, 4), mesh=mesh)
 params, opt = t.init_state()
 rs = np.random.RandomState(0)
-ids = rs.randint(5, c.data.vocab_size, (B, L)).astype(np.int32)
-batch = sharding.global_batch({"input_ids": ids, "segment_ids": np.zeros_like(ids),
-    "input_mask": np.ones_like(ids), "next_sentence_label": np.zeros(B, np.int32)}, mesh)
-step = t.train_step_fn(P)
+ids = rs.randint(5, V, (B, L)).astype(np.int32)
+batch = sharding.global_batch(Batch.from_features({"input_ids": ids,
+    "segment_ids": np.zeros_like(ids), "input_mask": np.ones_like(ids),
+    "next_sentence_label": np.zeros(B, np.int32)}), mesh)
+step = t.train_step_fn(t.phases[0])
 t0 = time.perf_counter()
 compiled = step.lower(params, opt, jnp.int32(0), batch).compile()
 t1 = time.perf_counter()

@@ -24,6 +24,7 @@ measurement and the ratio.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -70,9 +71,10 @@ def main() -> None:
                 np.zeros((B, L), np.int32), np.ones((B, L), np.int32),
                 rs.randint(0, 2, B).astype(np.int32), np.ones(B, np.float32))
   max_predictions = round(0.15 * L)
-  steps.evaluate(params, [batch], max_predictions)  # compiles
+  phase = dataclasses.replace(steps.phases[0], max_predictions=max_predictions)
+  steps.evaluate(params, [batch], phase)  # compiles
   start = time.perf_counter()
-  steps.evaluate(params, [batch] * args.eval_batches, max_predictions)
+  steps.evaluate(params, [batch] * args.eval_batches, phase)
   eval_s = time.perf_counter() - start
   scaled = eval_s * args.eval_examples / (B * args.eval_batches)
   print(f"model: hidden {args.hidden}, {args.layers} layers, {jax.device_count()} "

@@ -93,7 +93,8 @@ def _build_train(s: settings_lib.Settings, case: Case, size: ModelSize, mesh,
   state = list(steps.init_state())
   gb = sharding.global_batch(batch, mesh)
   t = time.perf_counter()
-  compiled = steps.train_step_fn(case.predictions).lower(
+  phase = dataclasses.replace(steps.phases[0], max_predictions=case.predictions)
+  compiled = steps.train_step_fn(phase).lower(
       state[0], state[1], jnp.int32(0), gb).compile()
   compile_s = time.perf_counter() - t
 

@@ -233,10 +233,10 @@ class Planner:
     t = time.perf_counter()
     try:
       if kind == "train":
-        lowered = st.train_step_fn(ph.max_predictions, ph.rope_theta, ph).lower(
+        lowered = st.train_step_fn(ph).lower(
             st.abstract_params, st.abstract_opt_state, scalar, batch)
       else:
-        lowered = st.eval_step_fn(ph.max_predictions, ph.rope_theta).lower(
+        lowered = st.eval_step_fn(ph).lower(
             st.abstract_params, scalar, batch)
       compiled = lowered.compile()
     except Exception as e:  # XlaRuntimeError: RESOURCE_EXHAUSTED and the like

@@ -115,9 +115,8 @@ class TrainLoop:
 
   def evaluate(self, phase: Phase) -> dict:
     t0 = time.perf_counter()
-    ev = self.steps.evaluate(self.state.params, self.eval_batches(phase),
-                             phase.max_predictions, self.s.run.eval_batches, phase.rope_theta,
-                             self.s.masking.eval_rate(phase))
+    ev = self.steps.evaluate(self.state.params, self.eval_batches(phase), phase,
+                             self.s.run.eval_batches, self.s.masking.eval_rate(phase))
     self.eval_s += time.perf_counter() - t0
     self.hooks.on_time("eval", time.perf_counter() - t0)
     step = min(max(self.state.step - 1, phase.start), phase.end - 1)  # the last step trained
@@ -173,7 +172,7 @@ class TrainLoop:
 
   def _train_phase(self, phase: Phase, bar: tqdm) -> None:
     st, it = self.state, self._iterator(phase)
-    step_fn = self.steps.train_step_fn(phase.max_predictions, phase.rope_theta, phase)
+    step_fn = self.steps.train_step_fn(phase)
     console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
                 f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
     self._pending, self._observed = [], 0

@@ -61,6 +61,7 @@ class TrainSteps:
     self.phase_thetas = (tuple(ph.rope_theta for ph in s.train.phases)
                          if any(ph.rope_theta for ph in s.train.phases) else ())
     self._models = {0.0: self.model}
+    self.phases = s.train.phases  # what each step function is compiled for
     self.tx, self.schedule = optim.make_optimizer(s.optimizer)
     self.mesh = mesh
     # The platform the steps are compiled for (a TPU mesh on a CPU host is TPU).
@@ -168,14 +169,13 @@ class TrainSteps:
     (loss, (mlm, nsp), grads), _ = jax.lax.scan(body, zero, (jnp.arange(accum), micro_all))
     return (loss, (mlm, nsp)), grads
 
-  def train_step_fn(self, max_predictions: int, rope_theta: float = 0.0,
-                    phase: Optional[Phase] = None) -> Callable:
-    """The jitted step for one phase: (params, opt_state, step, batch) -> new state, metrics.
-    `phase` gives its masking rate (constant, or a ramp over its steps); None: the run's."""
-    ramp = None
-    if phase is not None:  # a constant rate's steps are shared by phases (one compile)
-      a, b = phase.mask_start or self.mask_prob, phase.mask_end or self.mask_prob
-      ramp = (phase.start, phase.end, a, b) if a != b else (0, 0, a, a)
+  def train_step_fn(self, phase: Phase) -> Callable:
+    """The jitted step of `phase`: (params, opt_state, step, batch) -> new state, metrics.
+    The phase gives its predictions per row, its RoPE base and its masking rate (constant,
+    or a ramp over its steps). Phases that compute alike share one executable."""
+    max_predictions, rope_theta = phase.max_predictions, phase.rope_theta
+    a, b = phase.mask_start or self.mask_prob, phase.mask_end or self.mask_prob
+    ramp = (phase.start, phase.end, a, b) if a != b else (0, 0, a, a)
     key = ("train", max_predictions, rope_theta, ramp)
     if key in self._steps:
       return self._steps[key]
@@ -235,8 +235,10 @@ class TrainSteps:
           [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(p)])))
     return bool(self._steps["finite"](params))
 
-  def eval_step_fn(self, max_predictions: int, rope_theta: float = 0.0,
-                   mask_prob: Optional[float] = None) -> Callable:
+  def eval_step_fn(self, phase: Phase, mask_prob: Optional[float] = None) -> Callable:
+    """The jitted evaluation of `phase`'s batches (its predictions and RoPE base), masked at
+    `mask_prob` (None: the run's rate)."""
+    max_predictions, rope_theta = phase.max_predictions, phase.rope_theta
     # The run's rate asked for by value or as None: one executable, not two.
     mask_prob = self.mask_prob if mask_prob is None else float(mask_prob)
     key = ("eval", max_predictions, rope_theta, mask_prob)
@@ -260,12 +262,11 @@ class TrainSteps:
     self._steps[key] = jitted
     return jitted
 
-  def evaluate(self, params, batches: Iterable[Batch], max_predictions: int,
-               max_batches: int = 0, rope_theta: float = 0.0,
+  def evaluate(self, params, batches: Iterable[Batch], phase: Phase, max_batches: int = 0,
                mask_prob: Optional[float] = None) -> dict:
-    """Eval metrics over `batches`, masked at `mask_prob` (None: the run's rate), which
-    the result records as `mask_prob`."""
-    step = self.eval_step_fn(max_predictions, rope_theta, mask_prob)
+    """Eval metrics over `phase`'s `batches`, masked at `mask_prob` (None: the run's
+    rate), which the result records as `mask_prob`."""
+    step = self.eval_step_fn(phase, mask_prob)
     total = None
     for i, local in enumerate(batches):
       if max_batches and i >= max_batches:
