@@ -51,7 +51,7 @@ class Settings:
   requested_dtype: str = ""  # config.model.dtype as given ('auto' before resolving)
   requested_attention_kernel: str = ""  # config.model.attention_kernel as given
   init: InitSettings = InitSettings()  # --config.init_from ('' = from scratch)
-  probe: ProbeSettings = ProbeSettings()  # config.probe (no tasks = no probes)
+  probe: ProbeSettings = ProbeSettings()  # config.probe (tasks=() = no probes)
   profile: ProfileSettings = ProfileSettings()  # config.profile
 
   @property

@@ -58,7 +58,7 @@ class RunSettings:
 @dataclasses.dataclass(frozen=True)
 class ProbeSettings:
   """`config.probe`: linear probes (bert_jax.eval.probe) of the parameters at every eval."""
-  tasks: tuple = ()
+  tasks: tuple = ("word_order",)
   layers: tuple = (-1,)
   pooling: str = "mean"
   max_examples: int = 0  # per split; 0 = all
