@@ -122,7 +122,7 @@ def test_every_module_is_in_a_folder_with_rules_or_tells_the_run_story():
   top = {m for m, path in _modules().items()
          if m.count(".") == 1 and not path.endswith("__init__.py")}
   allowed = {"bert_jax.default_config",
-             "bert_jax.trainer", "bert_jax.errors", "bert_jax.console",
+             "bert_jax.trainer", "bert_jax.errors", "bert_jax.console", "bert_jax.__main__",
              *(f"bert_jax.{c}" for c in ALIASES)}
   assert top <= allowed, sorted(top - allowed)
 

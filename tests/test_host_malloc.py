@@ -94,6 +94,7 @@ _PROBE = textwrap.dedent("""
     *[f"runpy.run_module('bert_jax.{c}', run_name='__main__')"
       for c in ("features", "convert", "finetune", "probe", "plan")],
     "sys.argv = ['train.py']; runpy.run_path({train!r}, run_name='__main__')",
+    "sys.argv = ['bert_jax', 'plan']; runpy.run_module('bert_jax', run_name='__main__')",
 ])
 def test_every_command_reaches_the_exec_before_it_loads_jax(call, tmp_path):
   # Otherwise the command starts JAX twice: once before the exec, once after.
@@ -107,7 +108,8 @@ def test_the_installed_commands_are_the_light_entry_points():
   import tomllib
   with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
     scripts = tomllib.load(f)["project"]["scripts"]
-  assert sorted(scripts) == sorted(f"bert-jax-{c}" for c in (
-      "train", "features", "convert", "finetune", "probe", "plan", "merge"))
+  from bert_jax.commands import launch
+  assert scripts.pop("bert-jax") == "bert_jax.commands.launch:main"  # bert-jax <command>
+  assert sorted(scripts) == sorted(f"bert-jax-{c}" for c in launch.commands())
   for name, target in scripts.items():
     assert target == f"bert_jax.commands.launch:{name.removeprefix('bert-jax-')}", target

@@ -31,6 +31,13 @@ class DocShown(_DefaultsShown, argparse.RawDescriptionHelpFormatter):
   """A command's module docstring as its help's description, line breaks kept."""
 
 
+
+def prog(name: str) -> str:
+  """How the user called command `name` (its usage line): `python -m bert_jax <name>`
+  when started so, else its own module's name."""
+  started = sys.argv[0] if sys.argv else ""
+  return started if started.startswith("python -m bert_jax ") else f"python -m bert_jax.{name}"
+
 class Parser(argparse.ArgumentParser):
   """argparse whose usage errors are a ConfigError (one line), not a usage dump, and
   whose help survives a closed pipe (`--help | head`); defaults are shown."""

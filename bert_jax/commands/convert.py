@@ -43,7 +43,7 @@ def _print_import(meta: dict, heads: bool) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = common.Parser(prog="python -m bert_jax.convert", description=__doc__.split(
+  p = common.Parser(prog=common.prog("convert"), description=__doc__.split(
       "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
   for name, src in (("from-hf", "HF_DIR"), ("from-tf", "TF_DIR")):

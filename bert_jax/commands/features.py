@@ -125,7 +125,7 @@ def _parse_expect(text: str) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = common.Parser(prog="python -m bert_jax.features",
+  p = common.Parser(prog=common.prog("features"),
               description="Per-token or pooled BERT features of a text file, one input per "
               "line (a text or 'A<TAB>B'), from a bert-jax checkpoint.")
   p.add_argument("--checkpoint", required=True,

@@ -70,7 +70,7 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = common.Parser(prog="python -m bert_jax.finetune",
+  p = common.Parser(prog=common.prog("finetune"),
               description="Fine-tune a bert-jax checkpoint on a GLUE-style task and report "
               "the GLUE metric (every learning rate and seed, and the median over seeds of "
               "the best learning rate).")

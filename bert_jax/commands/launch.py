@@ -10,7 +10,10 @@ process. Imports no JAX.
 
 import importlib
 import os
+import pkgutil
 import signal
+import sys
+from typing import Optional, Sequence
 
 import bert_jax
 from bert_jax import errors
@@ -42,6 +45,37 @@ def note_stop(signum, frame) -> None:
   if first:
     os.write(2, f"{signal.Signals(signum).name} received: stopping at the next safe point\n"
              .encode())
+
+
+# Modules of bert_jax/commands that are not commands: what the commands share.
+_HELPERS = frozenset({"common", "config_args", "launch"})
+
+
+def commands(path: Optional[Sequence[str]] = None) -> list[str]:
+  """The command names: every module of bert_jax/commands but the helpers (a new command
+  is one module there, with a `cli()`)."""
+  if path is None:
+    from bert_jax import commands as package  # pylint: disable=import-outside-toplevel
+    path = package.__path__
+  return sorted(m.name for m in pkgutil.iter_modules(path)
+                if not m.ispkg and m.name not in _HELPERS and not m.name.startswith("_"))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  """`python -m bert_jax <command> [its arguments]` and the installed `bert-jax`."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  names = commands()
+  usage = (f"usage: python -m bert_jax <command> [arguments]\ncommands: {', '.join(names)}"
+           "\n(`python -m bert_jax <command> --help` for one)")
+  if not argv or argv[0] in ("-h", "--help"):
+    print(usage, file=sys.stdout if argv else sys.stderr)
+    raise SystemExit(0 if argv else 2)
+  if argv[0] not in names:
+    print(f"error: unknown command {argv[0]!r}; expected one of {', '.join(names)}",
+          file=sys.stderr)
+    raise SystemExit(2)
+  sys.argv = [f"python -m bert_jax {argv[0]}", *argv[1:]]
+  run(argv[0])
 
 
 def run(name: str) -> None:

@@ -22,7 +22,7 @@ from bert_jax.io import merge as merge_lib
 
 
 def _parser() -> common.Parser:
-  p = common.Parser(prog="python -m bert_jax.merge", description=__doc__.split("\n\n")[0])
+  p = common.Parser(prog=common.prog("merge"), description=__doc__.split("\n\n")[0])
   p.add_argument("out_dir", metavar="OUT_DIR")
   p.add_argument("sources", metavar="CKPT", nargs="+",
                  help="a workdir, its checkpoints/ or a step folder; PATH@STEP for a step")

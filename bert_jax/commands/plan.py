@@ -28,7 +28,7 @@ from bert_jax.storage import fs, outputs
 
 
 def _parser(default_config: str) -> argparse.ArgumentParser:
-  p = common.Parser(prog="python -m bert_jax.plan", add_help=False,
+  p = common.Parser(prog=common.prog("plan"), add_help=False,
                     description=__doc__.strip(), formatter_class=common.DocShown)
   config_args.add_config(p, default_config)
   p.add_argument("--topology", default="",

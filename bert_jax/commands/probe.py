@@ -29,7 +29,7 @@ PROBE_POOLINGS = ("cls", "mean", "pooler")
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = common.Parser(prog="python -m bert_jax.probe",
+  p = common.Parser(prog=common.prog("probe"),
               description="Linear probe (L2 logistic regression; ridge for regression tasks) "
               "of a bert-jax checkpoint's features on a task; prints the task's metric(s).")
   p.add_argument("--checkpoint", required=True,
