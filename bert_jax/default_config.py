@@ -237,6 +237,9 @@ def _train() -> ml_collections.ConfigDict:
   # The masking rate of each phase: a rate, or (start, end), a linear ramp over the phase
   # (Ankner et al. 2023: 30% -> 15%), e.g. ((0.3, 0.15), 0.05); () = masking.mask_prob.
   c.phase_mask_probs = ()
+  # The global batch of each phase, e.g. (768, 576): a long-context stage trains fewer,
+  # longer rows; () = batch_size in every phase. batch_ramp warms up the first phase's.
+  c.phase_batch_sizes = ()
   # schedule='phases': one learning-rate segment per phase, 'KIND[@LR][->RATIO]': e.g.
   # ('constant', 'constant@3e-4', 'sqrt->0.001'), ModernBERT's three stages.
   c.phase_lr = ()

@@ -73,9 +73,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       fs.check_bucket(where)
   _enable_compile_cache(s.run.compile_cache_dir)
   mesh = sharding.make_mesh(s.mesh.model_parallel)
-  sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
+  for batch, field in s.train.batch_fields():  # every phase's global batch
+    sharding.check_batch(batch, mesh, s.train.grad_accum_steps, field)
   t = s.train  # a batch-size warm-up's first size must shard as the target does
-  batch_ramp.of(t.ramp.start, t.batch_size, t.ramp.steps, t.ramp.stages,
+  batch_ramp.of(t.ramp.start, t.batch_of(t.phases[0]), t.ramp.steps, t.ramp.stages,
                 sharding.batch_unit(mesh, t.grad_accum_steps))
   # The run's folder, opened once: every part of the run that writes into it takes it.
   run_dir = Workdir(workdir)

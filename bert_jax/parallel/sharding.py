@@ -61,17 +61,19 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(DATA))
 
 
-def check_batch(global_batch: int, mesh: Mesh, grad_accum_steps: int = 1) -> None:
+def check_batch(global_batch: int, mesh: Mesh, grad_accum_steps: int = 1,
+                field: str = "train.batch_size") -> None:
+  """One ConfigError line naming `field` for a global batch the mesh cannot split."""
   data = mesh.shape[DATA]
   if grad_accum_steps <= 0:
     raise ConfigError(f"config.train.grad_accum_steps={grad_accum_steps}: expected >= 1")
   if global_batch <= 0 or global_batch % (data * grad_accum_steps):
     raise ConfigError(
-        f"config.train.batch_size={global_batch}: expected a positive multiple of "
+        f"config.{field}={global_batch}: expected a positive multiple of "
         f"{data} data-parallel devices x {grad_accum_steps} accumulation steps")
   if global_batch % jax.process_count():
     raise ConfigError(
-        f"config.train.batch_size={global_batch}: expected a multiple of the "
+        f"config.{field}={global_batch}: expected a multiple of the "
         f"{jax.process_count()} processes")
 
 

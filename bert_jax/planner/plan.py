@@ -210,8 +210,12 @@ class Planner:
     """A planner of other settings on the same devices."""
     return Planner(s, self.devices, self.vocab_size, self.memory_bytes, self.log)
 
-  def check_batch(self, batch_size: int) -> None:
-    sharding.check_batch(batch_size, self.mesh, self.s.train.grad_accum_steps)
+  def check_batch(self, batch_size: Optional[int] = None) -> None:
+    """The batch given, or every phase's, against the mesh."""
+    sizes = ([(batch_size, "train.batch_size")] if batch_size is not None
+             else self.s.train.batch_fields())
+    for size, field in sizes:
+      sharding.check_batch(size, self.mesh, self.s.train.grad_accum_steps, field)
 
   def _flops(self, kind: str, B: int, ph: Phase) -> float:
     c = self.steps.bert_config
@@ -219,7 +223,7 @@ class Planner:
     return (f if kind == "train" else f / 3.0) / len(self.devices)  # eval: the forward only
 
   def compile_step(self, kind: str, ph: Phase, batch_size: Optional[int] = None) -> StepPlan:
-    B = self.s.train.batch_size if batch_size is None else batch_size
+    B = self.s.train.batch_of(ph) if batch_size is None else batch_size
     st, mesh = self.steps, self.mesh
     batch = abstract_batch(mesh, B, ph.seq_len)
     data = mesh.shape[sharding.DATA]
@@ -290,7 +294,7 @@ def make_plan(s: Settings, devices: list, target: str, memory_bytes: Optional[in
   """Compiles every phase's train step (and eval step) of `s` for `devices`; see the module doc."""
   vocab = planned_vocab_size(s) if vocab_size is None else vocab_size
   p = Planner(s, devices, vocab, memory_bytes, log)
-  p.check_batch(p.s.train.batch_size)
+  p.check_batch()
   d0 = p.devices[0]
   plan = Plan(target=target, platform=p.platform, num_devices=len(p.devices),
               device_kind=d0.device_kind, memory_bytes=memory_bytes, memory_label=memory_label,

@@ -110,9 +110,20 @@ def _with_phases(c: ml_collections.ConfigDict, train: TrainSettings,
                  optimizer: OptimizerSettings) -> OptimizerSettings:
   """What follows the phases: the batch ramp starts below the batch; fields given per
   phase have one entry per phase; a 'phases' schedule's segments end where they do."""
-  if train.ramp.start and not train.ramp.start < train.batch_size:
+  first = train.batch_of(train.phases[0])
+  if train.ramp.start and not train.ramp.start < first:
     raise fail("train.batch_ramp.start", train.ramp.start,
-               f"0 (off) or a global batch below --config.train.batch_size={train.batch_size}")
+               f"0 (off) or a global batch below the first phase's, {first}")
+  if train.ramp.start and train.ramp.steps > train.phases[0].end and len(
+      train.batch_sizes) > 1:
+    raise fail("train.batch_ramp.steps", train.ramp.steps, f"at most the first phase's "
+               f"{train.phases[0].end} steps with --config.train.phase_batch_sizes (the "
+               "warm-up grows the first phase's batch)")
+  streams = c.data.get("streams", 1)
+  for b in train.batch_sizes:
+    if is_int(streams) and streams >= 1 and b % streams:
+      raise fail("data.streams", streams, f"a divisor of every phase's global batch, "
+                 f"{b} among them (each batch is one sub-batch per stream)")
   for name in ("phase_weights", "phase_temperatures"):
     given = tuple(c.data.get(name, ()))
     if given and len(given) != len(train.phases):
@@ -165,7 +176,8 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
       batch_size=t.batch_size, grad_accum_steps=t.grad_accum_steps,
       max_consecutive_nonfinite=t.max_consecutive_nonfinite,
       phases=phases(t.phase_fractions, t.seq_lens, t.max_predictions, t.num_steps,
-                    max_positions, t.get("phase_rope_thetas", ()), t.get("phase_mask_probs", ())),
+                    max_positions, t.get("phase_rope_thetas", ()), t.get("phase_mask_probs", ()),
+                    tuple(t.get("phase_batch_sizes", ())), t.batch_size),
       spike=SpikeSettings(**t.get("spike_rollback", ml_collections.ConfigDict()).to_dict()),
       ramp=BatchRampSettings(**t.get("batch_ramp", ml_collections.ConfigDict()).to_dict()))
   optimizer = _with_phases(c, train, optimizer)

@@ -56,6 +56,7 @@ class Phase:
   # its last, linearly (equal: constant; 0: config.masking.mask_prob).
   mask_start: float = 0.0
   mask_end: float = 0.0
+  batch_size: int = 0  # the global batch of this phase (0: train.batch_size)
 
   def mask_prob_at(self, step: int, default: float) -> float:
     """The masking rate of `step` (closed form; the train step computes the same)."""
@@ -80,6 +81,25 @@ class TrainSettings:
   def num_steps(self) -> int:
     return self.phases[-1].end
 
+  def batch_of(self, phase: Phase) -> int:
+    """The global batch of `phase` (its own, else batch_size)."""
+    return phase.batch_size or self.batch_size
+
+  def batch_fields(self) -> list[tuple[int, str]]:
+    """(global batch, the config field that set it) of every phase, each size once."""
+    out = {}
+    for ph in self.phases:
+      field = "train.batch_size" if not ph.batch_size or ph.batch_size == self.batch_size and (
+          all(p.batch_size in (0, self.batch_size) for p in self.phases)) else (
+              f"train.phase_batch_sizes[{ph.index}]")
+      out.setdefault(self.batch_of(ph), field)
+    return list(out.items())
+
+  @property
+  def batch_sizes(self) -> list[int]:
+    """The distinct global batches of the phases, in order."""
+    return list(dict.fromkeys(self.batch_of(ph) for ph in self.phases))
+
   @property
   def seq_lens(self) -> list[int]:
     return sorted({ph.seq_len for ph in self.phases})
@@ -87,11 +107,13 @@ class TrainSettings:
 
 def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps: int,
            max_positions: int, rope_thetas: tuple = (),
-           mask_probs: tuple = ()) -> tuple[Phase, ...]:
+           mask_probs: tuple = (), batch_sizes: tuple = (),
+           batch_size: int = 0) -> tuple[Phase, ...]:
   """Splits `num_steps` into phases by fraction (the last one ends at num_steps)."""
   fractions, seq_lens, preds = tuple(fractions), tuple(seq_lens), tuple(max_predictions)
   thetas = _rope_thetas(tuple(rope_thetas), len(fractions))
   masks = _mask_probs(tuple(mask_probs), len(fractions))
+  batches = _batch_sizes(tuple(batch_sizes), len(fractions), batch_size)
   if not (len(fractions) == len(seq_lens) == len(preds)) or not fractions:
     raise ConfigError("--config.train.phase_fractions, seq_lens and max_predictions: expected "
                       f"tuples of one equal length, got {fractions}, {seq_lens}, {preds}")
@@ -110,10 +132,20 @@ def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps:
                         f"expected seq_len >= {MIN_SEQ_LEN} and 0 < max_predictions <= seq_len")
     acc += f
     end = num_steps if i == len(fractions) - 1 else int(round(acc * num_steps))
-    out.append(Phase(i, start, end, int(seq_len), int(p), thetas[i], *masks[i]))
+    out.append(Phase(i, start, end, int(seq_len), int(p), thetas[i], *masks[i], batches[i]))
     start = end
   # num_steps=0 (an evaluation of a continued run's source) keeps an empty first phase.
   return tuple(ph for ph in out if ph.end > ph.start) or tuple(out[:1])
+
+
+def _batch_sizes(sizes: tuple, n: int, default: int) -> list[int]:
+  """`config.train.phase_batch_sizes` as one global batch per phase (() = `default`)."""
+  if not sizes:
+    return [int(default)] * n
+  if len(sizes) != n or not all(is_int(b) and b > 0 for b in sizes):
+    raise fail("train.phase_batch_sizes", sizes, f"() or {n} positive integers, one global "
+               "batch per phase, e.g. '(768, 576)'")
+  return [int(b) for b in sizes]
 
 
 def _mask_probs(masks: tuple, n: int) -> list[tuple[float, float]]:

@@ -70,8 +70,9 @@ class TrainLoop:
     self.spikes = spikes.SpikeDetector(sp.factor, sp.patience, sp.window)
     self.spikes.load(state.spike)
     t = settings.train  # config.train.batch_ramp: each step's global batch (data/batch_ramp)
-    self.ramp = batch_ramp.of(t.ramp.start, t.batch_size, t.ramp.steps, t.ramp.stages,
-                              sharding.batch_unit(steps.mesh, t.grad_accum_steps))
+    # The warm-up grows the first phase's batch; later phases train at their own.
+    self.ramp = batch_ramp.of(t.ramp.start, t.batch_of(t.phases[0]), t.ramp.steps,
+                              t.ramp.stages, sharding.batch_unit(steps.mesh, t.grad_accum_steps))
     self._pending: list = []  # the metrics of the steps since the last log point
     self._observed = 0  # how many of them the spike detector has seen
     first = prepared.train[settings.train.phases[0].seq_len] if prepared.train else None
@@ -109,7 +110,7 @@ class TrainLoop:
   def eval_batches(self, phase: Phase):
     sizes = self.prepared.eval_sizes  # host-local parts: every host's eval examples
     return input_pipeline.eval_batches(self.prepared.eval[phase.seq_len],
-                                       self.s.train.batch_size,
+                                       self.s.train.batch_of(phase),
                                        jax.process_index(), jax.process_count(),
                                        sizes[phase.seq_len] if sizes else None)
 
@@ -243,7 +244,7 @@ class TrainLoop:
   def _new_batch_size(self, step: int, phase: Phase) -> bool:
     """A batch-size warm-up's next size at `step`: the step compiles again, and is timed
     apart as a phase's first step is."""
-    return (self.ramp is not None and step > phase.start
+    return (self.ramp is not None and phase.index == 0 and step > phase.start
             and self.ramp.size(step) != self.ramp.size(step - 1))
 
   def _iterator(self, phase: Phase) -> input_pipeline.TrainIterator:
@@ -255,12 +256,13 @@ class TrainLoop:
     if hasattr(source, "for_phase"):  # a mixture: the phase's weights (data/mixture)
       source = source.for_phase(phase.index)
     return input_pipeline.TrainIterator(
-        source, self.s.train.batch_size,
+        source, self.s.train.batch_of(phase),
         seed=self.s.run.seed + phase.index, process_index=jax.process_index(),
         process_count=jax.process_count(),
         start_batch=st.position if st.step > phase.start else 0,
         per_host=self.prepared.local is not None and not self.prepared.local.streams,
-        streams=self.s.data.streams, ramp=self.ramp, first_step=phase.start)
+        streams=self.s.data.streams, ramp=self.ramp if phase.index == 0 else None,
+        first_step=phase.start)
 
   def _spike(self) -> Optional[spikes.Spike]:
     """Feeds the detector the losses of the steps it has not seen; a completed spike."""

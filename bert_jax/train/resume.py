@@ -103,7 +103,9 @@ def check_same_phase(saved: Any, step: Any, s: Settings, workdir: Workdir) -> No
   try:
     theirs = settings_phases(saved["phase_fractions"], saved["seq_lens"],
                              saved["max_predictions"], saved["num_steps"], 1 << 30,
-                             mask_probs=saved.get("phase_mask_probs", ()))
+                             mask_probs=saved.get("phase_mask_probs", ()),
+                             batch_sizes=tuple(saved.get("phase_batch_sizes", ())),
+                             batch_size=saved.get("batch_size", 0))
   except (KeyError, TypeError, ValueError, ConfigError):  # an older meta: nothing to compare
     return
   inside = next((p for p in theirs if isinstance(step, int) and p.start < step < p.end), None)
@@ -118,6 +120,14 @@ def check_same_phase(saved: Any, step: Any, s: Settings, workdir: Workdir) -> No
         f"{step}, inside its phase {inside.index} (masking {_rates(inside)}), and this config "
         f"masks it {_rates(ours)}; expected the same until the phase ends (a later phase may "
         "change), or another --workdir; nothing was written")
+  if (ours is not None and what(ours) == what(inside) and inside.batch_size
+      and s.train.batch_of(ours) != inside.batch_size):
+    raise ConfigError(
+        f"--config.train.batch_size / phase_batch_sizes: --workdir {workdir} holds a run "
+        f"stopped at step {step}, inside its phase {inside.index} (global batch "
+        f"{inside.batch_size}), and this config trains it at {s.train.batch_of(ours)}; "
+        "expected the same batch until the phase ends (its data position counts batches "
+        "of that size; a later phase may change), or another --workdir; nothing was written")
   if ours is None or what(ours) != what(inside):
     now = (f"step {step} at length {ours.seq_len} with {ours.max_predictions} predictions"
            if ours else f"no step {step}")

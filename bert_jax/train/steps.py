@@ -325,5 +325,6 @@ def make_steps(s: Settings, vocab_size: int, special: SpecialIds,
   """The compiled-step owner of a run with these settings and vocabulary."""
   if mesh is None:  # a caller that passes a mesh has checked the batch against it
     mesh = sharding.make_mesh(s.mesh.model_parallel)
-    sharding.check_batch(s.train.batch_size, mesh, s.train.grad_accum_steps)
+    for batch, field in s.train.batch_fields():  # every phase's global batch
+      sharding.check_batch(batch, mesh, s.train.grad_accum_steps, field)
   return TrainSteps(s, vocab_size, special, mesh, is_continuation_V)

@@ -59,7 +59,7 @@ class Throughput:
 
   def flops_per_step(self, phase: Phase) -> float:
     c = self.config
-    return family.of(c).flops(c, "train", self.s.train.batch_size, phase.seq_len,
+    return family.of(c).flops(c, "train", self.s.train.batch_of(phase), phase.seq_len,
                               phase.max_predictions)
 
   def rates(self, seconds: float, n_steps: int, real_tokens: float, sequences: int,
@@ -69,7 +69,7 @@ class Throughput:
     if n_steps <= 0 or seconds <= 0:
       return {}
     # FLOPs scale with the sequences: a batch-size warm-up's steps are smaller.
-    flops_ = self.flops_per_step(phase) / self.s.train.batch_size * sequences
+    flops_ = self.flops_per_step(phase) / self.s.train.batch_of(phase) * sequences
     t = self.totals
     t["steps"] += n_steps
     t["seconds"] += seconds
@@ -87,7 +87,7 @@ class Throughput:
 
   def note(self) -> str:
     """The start-up line: FLOPs per sequence, and the peak MFU is measured against."""
-    per_seq = ", ".join(f"{self.flops_per_step(ph) / self.s.train.batch_size / 1e9:.3g} "
+    per_seq = ", ".join(f"{self.flops_per_step(ph) / self.s.train.batch_of(ph) / 1e9:.3g} "
                         f"GFLOP per sequence at length {ph.seq_len}"
                         for ph in self.s.train.phases)
     memory = ("; device memory in use and peak per train row" if device_memory() else

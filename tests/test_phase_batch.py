@@ -1,0 +1,76 @@
+"""Issue 57: each phase trains at its own global batch (`train.phase_batch_sizes`), and a
+run killed inside either phase or at the boundary resumes bit for bit."""
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+import soak_kill
+import tiny_run
+from bert_jax import settings
+from bert_jax.errors import ConfigError
+
+STEPS = 16  # 2 phases of 8, a checkpoint every 4: inside each phase and at the boundary
+BATCHES = (16, 8)
+
+
+def _phases(**extra):
+  c = tiny_run.config(**{"train.num_steps": 20, "train.phase_fractions": (0.5, 0.5),
+                         "train.seq_lens": (32, 64), "train.max_predictions": (5, 10),
+                         **extra})
+  return settings.from_config(c).train
+
+
+def test_each_phase_has_its_batch_and_none_means_the_runs():
+  t = _phases(**{"train.phase_batch_sizes": (16, 8)})
+  assert [t.batch_of(p) for p in t.phases] == [16, 8] and t.batch_sizes == [16, 8]
+  assert t.batch_fields() == [(16, "train.phase_batch_sizes[0]"),
+                              (8, "train.phase_batch_sizes[1]")]
+  plain = _phases()
+  assert [plain.batch_of(p) for p in plain.phases] == [16, 16]
+  assert plain.batch_fields() == [(16, "train.batch_size")]
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"train.phase_batch_sizes": (16,)}, "train.phase_batch_sizes"),
+    ({"train.phase_batch_sizes": (16, 0)}, "train.phase_batch_sizes"),
+    ({"train.phase_batch_sizes": (16, 6), "data.streams": 4}, "data.streams"),
+    ({"train.phase_batch_sizes": (16, 8), "train.batch_ramp.start": 8,
+      "train.batch_ramp.steps": 12}, "train.batch_ramp.steps"),
+    ({"train.phase_batch_sizes": (8, 16), "train.batch_ramp.start": 8,
+      "train.batch_ramp.steps": 4}, "train.batch_ramp.start"),
+])
+def test_a_bad_phase_batch_is_one_line_naming_the_field(extra, field):
+  with pytest.raises(ConfigError, match=f"--config.{field}"):
+    _phases(**extra)
+
+
+@pytest.mark.slow
+def test_kill_9_inside_each_phase_and_at_the_boundary_of_a_batch_change_resumes_exact(tmp_path):
+  env = soak_kill.subprocess_env(str(tmp_path / "xla"))
+  args = lambda w: soak_kill.tiny_args(  # noqa: E731
+      w, str(tmp_path / "prepared"), STEPS, phases=2, keep_checkpoints=soak_kill.KEEP_ALL,
+      **{"train.phase_batch_sizes": BATCHES})
+  reference = str(tmp_path / "reference")
+  soak_kill.run_to_end(args(reference), env)
+  rows = [r for r in soak_kill.read_metrics(reference) if r.get("split") == "train"]
+  per_step = {r["step"]: r["sequences_per_sec"] / r["steps_per_sec"] for r in rows
+              if r.get("steps_per_sec")}
+  assert {round(b) for s, b in per_step.items() if s <= 8} == {16}
+  assert {round(b) for s, b in per_step.items() if s > 9} == {8}  # phase 1's timed steps
+  seed = random.randrange(2**31)
+  workdir = str(tmp_path / "killed")
+  train = [sys.executable, os.path.join(soak_kill.ROOT, "train.py"), *args(workdir)]
+  start = lambda: subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,  # noqa: E731
+                                   stderr=subprocess.DEVNULL)
+  soak_kill.kill_after_checkpoints(start, workdir, (4, 8, 12), random.Random(seed))
+  # Stopped inside phase 1: its batch is the run's to keep, another is one error line.
+  other = subprocess.run([*train, "--config.train.phase_batch_sizes=(16, 16)"], env=env,
+                         capture_output=True, text=True, timeout=300)
+  assert other.returncode == 2, other.stderr[-2000:]
+  assert "inside its phase 1 (global batch 8)" in other.stderr.strip().splitlines()[-1]
+  soak_kill.run_to_end(train[2:], env)
+  assert soak_kill.differences(reference, workdir) == [], f"seed {seed}"
