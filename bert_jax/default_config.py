@@ -240,6 +240,11 @@ def _train() -> ml_collections.ConfigDict:
   # The global batch of each phase, e.g. (768, 576): a long-context stage trains fewer,
   # longer rows; () = batch_size in every phase. batch_ramp warms up the first phase's.
   c.phase_batch_sizes = ()
+  # Each phase's budget, instead of phase_fractions of num_steps: exact steps, e.g.
+  # (8000, 2000); or tokens (rows x length per step at the phase's batch), e.g.
+  # ('1.7T', '250B', '50B'). num_steps is then their sum. () = phase_fractions.
+  c.phase_steps = ()
+  c.phase_tokens = ()
   # schedule='phases': one learning-rate segment per phase, 'KIND[@LR][->RATIO]': e.g.
   # ('constant', 'constant@3e-4', 'sqrt->0.001'), ModernBERT's three stages.
   c.phase_lr = ()

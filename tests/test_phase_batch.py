@@ -74,3 +74,33 @@ def test_kill_9_inside_each_phase_and_at_the_boundary_of_a_batch_change_resumes_
   assert "inside its phase 1 (global batch 8)" in other.stderr.strip().splitlines()[-1]
   soak_kill.run_to_end(train[2:], env)
   assert soak_kill.differences(reference, workdir) == [], f"seed {seed}"
+
+
+def test_step_budgets_are_exact_and_num_steps_is_their_sum():
+  t = _phases(**{"train.phase_steps": (7, 5), "train.phase_fractions": (0.9, 0.1)})
+  assert [(p.start, p.end) for p in t.phases] == [(0, 7), (7, 12)] and t.num_steps == 12
+
+
+def test_token_budgets_count_rows_times_length_at_each_phases_batch():
+  t = _phases(**{"train.phase_tokens": ("5120", "2.56K"), "train.phase_batch_sizes": (16, 8)})
+  # 5120 / (16 x 32) = 10 steps; 2560 / (8 x 64) = 5 steps
+  assert [(p.start, p.end) for p in t.phases] == [(0, 10), (10, 15)]
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"train.phase_steps": (5,)}, "train.phase_steps"),
+    ({"train.phase_steps": (5, 5), "train.phase_tokens": ("1K", "1K")}, "train.phase_tokens"),
+    ({"train.phase_tokens": ("1K", "lots")}, r"train.phase_tokens\[1\]"),
+])
+def test_a_bad_budget_is_one_line_naming_the_field(extra, field):
+  with pytest.raises(ConfigError, match=f"--config.{field}="):
+    _phases(**extra)
+
+
+def test_a_command_lines_num_steps_must_agree_with_the_budgets():
+  c = tiny_run.config(**{"train.phase_fractions": (0.5, 0.5), "train.seq_lens": (32, 64),
+                         "train.max_predictions": (5, 10), "train.phase_steps": (4, 4),
+                         "train.num_steps": 10})
+  assert settings.from_config(c).train.num_steps == 8  # a config file's: the budgets decide
+  with pytest.raises(ConfigError, match=r"--config.train.num_steps=10: expected 8"):
+    settings.from_config(c, explicit=("train.num_steps",))

@@ -24,12 +24,14 @@ import ml_collections
 from bert_jax.model import family
 from bert_jax.settings import model as model_config
 from bert_jax.settings.model import ModelConfig
+from bert_jax.settings import budgets
 from bert_jax.settings.checks import fail, is_int, positive_int
 from bert_jax.settings.data import DataSettings, MaskingSettings, data_settings
 from bert_jax.settings.init import SOURCE_MODEL_FIELDS, InitSettings, init_settings
 from bert_jax.settings.optimizer import OptimizerSettings
 from bert_jax.settings.run import MeshSettings, ProbeSettings, ProfileSettings, RunSettings
-from bert_jax.settings.train import BatchRampSettings, Phase, SpikeSettings, TrainSettings, phases
+from bert_jax.settings.train import (BatchRampSettings, Phase, SpikeSettings, TrainSettings,
+                                     batch_sizes_of, phases)
 from bert_jax.storage.retries import check_path
 
 __all__ = ("Settings", "from_config", "data_settings", "phases", "DataSettings",
@@ -140,15 +142,21 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
   c = config
   _check_paths(c)
   t = c.train
+  if not is_int(t.batch_size) or t.batch_size <= 0:
+    raise fail("train.batch_size", t.batch_size, "> 0")
+  seq_lens = tuple(t.seq_lens)
+  batches = batch_sizes_of(tuple(t.get("phase_batch_sizes", ())), len(seq_lens), t.batch_size)
+  budgeted = budgets.phase_steps(t.get("phase_steps", ()), t.get("phase_tokens", ()),
+                                 seq_lens, batches)
+  num_steps = budgets.check_num_steps(budgeted, t.num_steps, explicit)
   opt_fields = _fields(OptimizerSettings, t)
-  if t.num_steps == 0 and is_int(t.num_steps):
+  opt_fields["num_steps"] = num_steps
+  if num_steps == 0 and is_int(num_steps):
     if not c.get("init_from", ""):
       raise fail("train.num_steps", 0, "a positive integer (0 only with --config.init_from: "
                   "evaluate and probe the source, write its step-0 checkpoint, train nothing)")
     opt_fields["num_steps"] = 1  # built for the checkpoint's optimizer state, never stepped
   optimizer = OptimizerSettings(**opt_fields)
-  if not is_int(t.batch_size) or t.batch_size <= 0:
-    raise fail("train.batch_size", t.batch_size, "> 0")
   positive_int("train.grad_accum_steps", t.grad_accum_steps)
   streams = c.data.get("streams", 1)
   if is_int(streams) and streams >= 1 and t.batch_size % streams:
@@ -175,9 +183,9 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
   train = TrainSettings(
       batch_size=t.batch_size, grad_accum_steps=t.grad_accum_steps,
       max_consecutive_nonfinite=t.max_consecutive_nonfinite,
-      phases=phases(t.phase_fractions, t.seq_lens, t.max_predictions, t.num_steps,
+      phases=phases(t.phase_fractions, t.seq_lens, t.max_predictions, num_steps,
                     max_positions, t.get("phase_rope_thetas", ()), t.get("phase_mask_probs", ()),
-                    tuple(t.get("phase_batch_sizes", ())), t.batch_size),
+                    tuple(t.get("phase_batch_sizes", ())), t.batch_size, budgeted),
       spike=SpikeSettings(**t.get("spike_rollback", ml_collections.ConfigDict()).to_dict()),
       ramp=BatchRampSettings(**t.get("batch_ramp", ml_collections.ConfigDict()).to_dict()))
   optimizer = _with_phases(c, train, optimizer)

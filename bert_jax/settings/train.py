@@ -108,12 +108,15 @@ class TrainSettings:
 def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps: int,
            max_positions: int, rope_thetas: tuple = (),
            mask_probs: tuple = (), batch_sizes: tuple = (),
-           batch_size: int = 0) -> tuple[Phase, ...]:
-  """Splits `num_steps` into phases by fraction (the last one ends at num_steps)."""
+           batch_size: int = 0, steps: tuple = ()) -> tuple[Phase, ...]:
+  """Splits `num_steps` into phases by fraction (the last one ends at num_steps), or by
+  `steps`, each phase's exact count (settings/budgets; their sum is num_steps)."""
   fractions, seq_lens, preds = tuple(fractions), tuple(seq_lens), tuple(max_predictions)
   thetas = _rope_thetas(tuple(rope_thetas), len(fractions))
   masks = _mask_probs(tuple(mask_probs), len(fractions))
-  batches = _batch_sizes(tuple(batch_sizes), len(fractions), batch_size)
+  batches = batch_sizes_of(tuple(batch_sizes), len(fractions), batch_size)
+  if steps:  # budgets: the fractions follow from them (and are not read)
+    fractions = tuple(s / sum(steps) for s in steps)
   if not (len(fractions) == len(seq_lens) == len(preds)) or not fractions:
     raise ConfigError("--config.train.phase_fractions, seq_lens and max_predictions: expected "
                       f"tuples of one equal length, got {fractions}, {seq_lens}, {preds}")
@@ -131,14 +134,15 @@ def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps:
       raise ConfigError(f"--config.train.seq_lens[{i}]={seq_len}, max_predictions[{i}]={p}: "
                         f"expected seq_len >= {MIN_SEQ_LEN} and 0 < max_predictions <= seq_len")
     acc += f
-    end = num_steps if i == len(fractions) - 1 else int(round(acc * num_steps))
+    end = (start + int(steps[i]) if steps else
+           num_steps if i == len(fractions) - 1 else int(round(acc * num_steps)))
     out.append(Phase(i, start, end, int(seq_len), int(p), thetas[i], *masks[i], batches[i]))
     start = end
   # num_steps=0 (an evaluation of a continued run's source) keeps an empty first phase.
   return tuple(ph for ph in out if ph.end > ph.start) or tuple(out[:1])
 
 
-def _batch_sizes(sizes: tuple, n: int, default: int) -> list[int]:
+def batch_sizes_of(sizes: tuple, n: int, default: int) -> list[int]:
   """`config.train.phase_batch_sizes` as one global batch per phase (() = `default`)."""
   if not sizes:
     return [int(default)] * n

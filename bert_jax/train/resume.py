@@ -22,7 +22,7 @@ from bert_jax.data import bpe
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, NonFiniteError
 from bert_jax.settings.model import RUNTIME_FIELDS, ModelConfig
 from bert_jax.settings import Phase, Settings
-from bert_jax.settings.train import phases as settings_phases
+from bert_jax.settings.budgets import saved_phases
 from bert_jax.train.steps import TrainSteps
 
 # May change between runs without changing the parameters.
@@ -101,11 +101,7 @@ def check_same_phase(saved: Any, step: Any, s: Settings, workdir: Workdir) -> No
   `seq_lens` entry once went on at the new length from the old one's position), and
   its steps so far were masked at those rates. Later phases may change."""
   try:
-    theirs = settings_phases(saved["phase_fractions"], saved["seq_lens"],
-                             saved["max_predictions"], saved["num_steps"], 1 << 30,
-                             mask_probs=saved.get("phase_mask_probs", ()),
-                             batch_sizes=tuple(saved.get("phase_batch_sizes", ())),
-                             batch_size=saved.get("batch_size", 0))
+    theirs = saved_phases(saved)
   except (KeyError, TypeError, ValueError, ConfigError):  # an older meta: nothing to compare
     return
   inside = next((p for p in theirs if isinstance(step, int) and p.start < step < p.end), None)
@@ -148,8 +144,7 @@ def check_same_phase_mixture(saved_data: dict, saved_train: Any, step: Any, s: S
           or s.data.phase_weights or s.data.phase_temperatures):
     return  # one mixture for the whole run: data.sources and data.temperature are checked
   try:
-    theirs = settings_phases(saved_train["phase_fractions"], saved_train["seq_lens"],
-                             saved_train["max_predictions"], saved_train["num_steps"], 1 << 30)
+    theirs = saved_phases(saved_train)
     was = dataclasses.replace(s.data, phase_weights=tuple(
         tuple(w) for w in saved_data.get("phase_weights", ())), phase_temperatures=tuple(
             saved_data.get("phase_temperatures", ())), temperature=saved_data["temperature"])
