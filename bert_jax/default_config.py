@@ -184,6 +184,7 @@ def _model() -> ml_collections.ConfigDict:
   return c
 
 
+# long: one line per field of config.train, each with its meaning beside it
 def _train() -> ml_collections.ConfigDict:
   """Optimization."""
   c = ml_collections.ConfigDict()

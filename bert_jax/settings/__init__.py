@@ -30,8 +30,7 @@ from bert_jax.settings.data import DataSettings, MaskingSettings, data_settings
 from bert_jax.settings.init import SOURCE_MODEL_FIELDS, InitSettings, init_settings
 from bert_jax.settings.optimizer import OptimizerSettings
 from bert_jax.settings.run import MeshSettings, ProbeSettings, ProfileSettings, RunSettings
-from bert_jax.settings.train import (BatchRampSettings, Phase, SpikeSettings, TrainSettings,
-                                     batch_sizes_of, phases)
+from bert_jax.settings.train import BatchRampSettings, Phase, SpikeSettings, TrainSettings, phases
 from bert_jax.storage.retries import check_path
 
 __all__ = ("Settings", "from_config", "data_settings", "phases", "DataSettings",
@@ -122,10 +121,10 @@ def _with_phases(c: ml_collections.ConfigDict, train: TrainSettings,
                f"{train.phases[0].end} steps with --config.train.phase_batch_sizes (the "
                "warm-up grows the first phase's batch)")
   streams = c.data.get("streams", 1)
-  for b in train.batch_sizes:
+  for b, field in train.batch_fields():  # every phase's
     if is_int(streams) and streams >= 1 and b % streams:
-      raise fail("data.streams", streams, f"a divisor of every phase's global batch, "
-                 f"{b} among them (each batch is one sub-batch per stream)")
+      raise fail("data.streams", streams, f"a divisor of --config.{field}={b} (each batch "
+                 "is one sub-batch per stream)")
   for name in ("phase_weights", "phase_temperatures"):
     given = tuple(c.data.get(name, ()))
     if given and len(given) != len(train.phases):
@@ -144,11 +143,7 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
   t = c.train
   if not is_int(t.batch_size) or t.batch_size <= 0:
     raise fail("train.batch_size", t.batch_size, "> 0")
-  seq_lens = tuple(t.seq_lens)
-  batches = batch_sizes_of(tuple(t.get("phase_batch_sizes", ())), len(seq_lens), t.batch_size)
-  budgeted = budgets.phase_steps(t.get("phase_steps", ()), t.get("phase_tokens", ()),
-                                 seq_lens, batches)
-  num_steps = budgets.check_num_steps(budgeted, t.num_steps, explicit)
+  budgeted, num_steps = budgets.of_config(t, explicit)
   opt_fields = _fields(OptimizerSettings, t)
   opt_fields["num_steps"] = num_steps
   if num_steps == 0 and is_int(num_steps):
@@ -158,10 +153,6 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
     opt_fields["num_steps"] = 1  # built for the checkpoint's optimizer state, never stepped
   optimizer = OptimizerSettings(**opt_fields)
   positive_int("train.grad_accum_steps", t.grad_accum_steps)
-  streams = c.data.get("streams", 1)
-  if is_int(streams) and streams >= 1 and t.batch_size % streams:
-    raise fail("data.streams", streams, f"a divisor of --config.train.batch_size="
-                f"{t.batch_size} (each batch is one sub-batch per stream)")
   positive_int("train.max_consecutive_nonfinite", t.max_consecutive_nonfinite)
   fields = _fields(ModelConfig, c.model, exclude=("vocab_size",))
   requested_dtype = fields["dtype"]

@@ -68,6 +68,14 @@ def saved_phases(train: dict):
                 batch_size=train.get("batch_size", 0), steps=steps)
 
 
+def of_config(t, explicit: Collection[str]) -> tuple[tuple[int, ...], int]:
+  """(each phase's steps from its budget, or (); the run's steps) of `config.train`."""
+  seq_lens = tuple(t.seq_lens)
+  batches = batch_sizes_of(tuple(t.get("phase_batch_sizes", ())), len(seq_lens), t.batch_size)
+  budgeted = phase_steps(t.get("phase_steps", ()), t.get("phase_tokens", ()), seq_lens, batches)
+  return budgeted, check_num_steps(budgeted, t.num_steps, explicit)
+
+
 def check_num_steps(budgeted: Sequence[int], num_steps, explicit: Collection[str]) -> int:
   """The run's steps: the budgets' sum when there are budgets (a command line's own
   `train.num_steps` must then agree), else `train.num_steps`."""
