@@ -44,10 +44,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# ModernBERT's two lengths as the phases of one run: 1024 tokens, then the context
-# extension at 8192 (30% of a full row masked, with room for chance, as the configs).
-EXTENDED = {"train.phase_fractions": (0.9, 0.1), "train.seq_lens": (1024, 8192),
-            "train.max_predictions": (315, 2464), "train.phase_rope_thetas": (10000.0, 160000.0)}
+# ModernBERT's configs are its three stages (1024 tokens at 4608 rows, then 8192 at 576
+# in the extension and the decay): each stage's step is planned as the config has it.
+EXTENDED: dict = {}
 MODELS = {"base": ("BERT-Base", "configs/base.py", {}),
           "large": ("BERT-Large", "configs/large.py", {}),
           "modernbert-base": ("ModernBERT-Base", "configs/modernbert_base.py", EXTENDED),
