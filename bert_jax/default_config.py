@@ -246,6 +246,9 @@ def _train() -> ml_collections.ConfigDict:
   # ('1.7T', '250B', '50B'). num_steps is then their sum. () = phase_fractions.
   c.phase_steps = ()
   c.phase_tokens = ()
+  # Per phase, whether Adam's moments start afresh at its first step (the learning-rate
+  # schedule and the counts of skipped steps go on), e.g. (False, False, True); () = never.
+  c.phase_reset_optimizer = ()
   # schedule='phases': one learning-rate segment per phase, 'KIND[@LR][->RATIO]': e.g.
   # ('constant', 'constant@3e-4', 'sqrt->0.001'), ModernBERT's three stages.
   c.phase_lr = ()

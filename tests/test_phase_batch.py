@@ -104,3 +104,34 @@ def test_a_command_lines_num_steps_must_agree_with_the_budgets():
   assert settings.from_config(c).train.num_steps == 8  # a config file's: the budgets decide
   with pytest.raises(ConfigError, match=r"--config.train.num_steps=10: expected 8"):
     settings.from_config(c, explicit=("train.num_steps",))
+
+
+def test_reset_flags_are_one_per_phase():
+  t = _phases(**{"train.phase_reset_optimizer": (False, True)})
+  assert [p.reset_optimizer for p in t.phases] == [False, True]
+  with pytest.raises(ConfigError, match="--config.train.phase_reset_optimizer="):
+    _phases(**{"train.phase_reset_optimizer": (True,)})
+
+
+@pytest.mark.slow
+def test_a_phase_that_resets_adams_moments_resumes_exactly_at_its_boundary(tmp_path):
+  """Phase 1 starts with fresh moments: Adam's count in the last checkpoint is phase 1's
+  steps while the schedule's is the run's; killed just after the boundary's checkpoint
+  (the state before the reset), the run resets again on resume and ends bit for bit."""
+  env = soak_kill.subprocess_env(str(tmp_path / "xla"))
+  args = lambda w: soak_kill.tiny_args(  # noqa: E731
+      w, str(tmp_path / "prepared"), STEPS, phases=2, keep_checkpoints=soak_kill.KEEP_ALL,
+      **{"train.phase_reset_optimizer": (False, True)})
+  reference = str(tmp_path / "reference")
+  soak_kill.run_to_end(args(reference), env)
+  last = soak_kill.checkpoint_arrays(reference)[STEPS]
+  counts = {k: int(v) for k, v in last.items() if k.startswith("opt_state") and
+            k.endswith("['count']")}
+  assert sorted(counts.values()) == [8, 16], counts  # Adam's (phase 1's steps), the schedule's
+  workdir = str(tmp_path / "killed")
+  train = [sys.executable, os.path.join(soak_kill.ROOT, "train.py"), *args(workdir)]
+  start = lambda: subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,  # noqa: E731
+                                   stderr=subprocess.DEVNULL)
+  soak_kill.kill_after_checkpoints(start, workdir, (8, 12), random.Random(0))
+  soak_kill.run_to_end(train[2:], env)
+  assert soak_kill.differences(reference, workdir) == []

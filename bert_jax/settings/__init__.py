@@ -176,7 +176,8 @@ def from_config(config: ml_collections.ConfigDict, explicit: Collection[str] = (
       max_consecutive_nonfinite=t.max_consecutive_nonfinite,
       phases=phases(t.phase_fractions, t.seq_lens, t.max_predictions, num_steps,
                     max_positions, t.get("phase_rope_thetas", ()), t.get("phase_mask_probs", ()),
-                    tuple(t.get("phase_batch_sizes", ())), t.batch_size, budgeted),
+                    tuple(t.get("phase_batch_sizes", ())), t.batch_size, budgeted,
+                    tuple(t.get("phase_reset_optimizer", ()))),
       spike=SpikeSettings(**t.get("spike_rollback", ml_collections.ConfigDict()).to_dict()),
       ramp=BatchRampSettings(**t.get("batch_ramp", ml_collections.ConfigDict()).to_dict()))
   optimizer = _with_phases(c, train, optimizer)

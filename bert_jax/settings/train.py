@@ -57,6 +57,8 @@ class Phase:
   mask_start: float = 0.0
   mask_end: float = 0.0
   batch_size: int = 0  # the global batch of this phase (0: train.batch_size)
+  # Adam's moments start afresh at this phase's first step (the schedule goes on).
+  reset_optimizer: bool = False
 
   def mask_prob_at(self, step: int, default: float) -> float:
     """The masking rate of `step` (closed form; the train step computes the same)."""
@@ -108,13 +110,17 @@ class TrainSettings:
 def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps: int,
            max_positions: int, rope_thetas: tuple = (),
            mask_probs: tuple = (), batch_sizes: tuple = (),
-           batch_size: int = 0, steps: tuple = ()) -> tuple[Phase, ...]:
+           batch_size: int = 0, steps: tuple = (), resets: tuple = ()) -> tuple[Phase, ...]:
   """Splits `num_steps` into phases by fraction (the last one ends at num_steps), or by
   `steps`, each phase's exact count (settings/budgets; their sum is num_steps)."""
   fractions, seq_lens, preds = tuple(fractions), tuple(seq_lens), tuple(max_predictions)
   thetas = _rope_thetas(tuple(rope_thetas), len(fractions))
   masks = _mask_probs(tuple(mask_probs), len(fractions))
   batches = batch_sizes_of(tuple(batch_sizes), len(fractions), batch_size)
+  resets = tuple(resets) or (False,) * len(fractions)
+  if len(resets) != len(fractions) or not all(isinstance(r, bool) for r in resets):
+    raise fail("train.phase_reset_optimizer", resets, f"() or {len(fractions)} booleans, "
+               "one per phase, e.g. '(False, False, True)'")
   if steps:  # budgets: the fractions follow from them (and are not read)
     fractions = tuple(s / sum(steps) for s in steps)
   if not (len(fractions) == len(seq_lens) == len(preds)) or not fractions:
@@ -136,7 +142,8 @@ def phases(fractions: tuple, seq_lens: tuple, max_predictions: tuple, num_steps:
     acc += f
     end = (start + int(steps[i]) if steps else
            num_steps if i == len(fractions) - 1 else int(round(acc * num_steps)))
-    out.append(Phase(i, start, end, int(seq_len), int(p), thetas[i], *masks[i], batches[i]))
+    out.append(Phase(i, start, end, int(seq_len), int(p), thetas[i], *masks[i], batches[i],
+                     resets[i]))
     start = end
   # num_steps=0 (an evaluation of a continued run's source) keeps an empty first phase.
   return tuple(ph for ph in out if ph.end > ph.start) or tuple(out[:1])

@@ -175,8 +175,11 @@ class TrainLoop:
     st, it = self.state, self._iterator(phase)
     step_fn = self.steps.train_step_fn(phase)
     console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
-                f"{phase.seq_len}, {phase.max_predictions} predictions per sequence")
+                f"{phase.seq_len}, {phase.max_predictions} predictions per sequence"
+                + ("; Adam's moments start afresh" if phase.reset_optimizer else ""))
     self._pending, self._observed = [], 0
+    if phase.reset_optimizer and st.step == phase.start:  # also when resumed right here
+      st.opt_state = self.steps.reset_moments(st.params, st.opt_state)
     run = _PhaseRun(Interval(st.step), collections.deque(), bar)
     with it:
       while st.step < phase.end:

@@ -67,6 +67,13 @@ class SkipNonFiniteState(NamedTuple):
   inner: Any
 
 
+def reset_moments(state: SkipNonFiniteState, fresh: SkipNonFiniteState) -> SkipNonFiniteState:
+  """`state` with every part of its chain taken from `fresh` (a new `init`) but the last,
+  the learning-rate schedule's count: Adam's moments and their bias-correction count
+  start afresh; the schedule and the counts of skipped steps go on."""
+  return state._replace(inner=(*fresh.inner[:-1], state.inner[-1]))
+
+
 def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
   """Wraps `inner` so a step with a non-finite loss or gradient changes nothing.
 

@@ -90,6 +90,15 @@ class TrainSteps:
     self.abstract_params = sharding.with_shardings(abstract_params, self.param_shardings)
     self.abstract_opt_state = sharding.with_shardings(abstract_opt, self.opt_shardings)
 
+  def reset_moments(self, params, opt_state) -> Any:
+    """`opt_state` with fresh moments (optim.reset_moments), in its shardings."""
+    if "reset" not in self._steps:
+      self._steps["reset"] = jax.jit(
+          lambda p, st: optim.reset_moments(st, self.tx.init(p)),
+          in_shardings=(self.param_shardings, self.opt_shardings),
+          out_shardings=self.opt_shardings, donate_argnums=(1,))
+    return self._steps["reset"](params, opt_state)
+
   def init_state(self) -> tuple[Any, Any]:
     """Fresh (params, opt_state), created directly in their shardings."""
     init = jax.jit(lambda k: build.init_params(self.bert_config, k),
