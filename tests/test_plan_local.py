@@ -39,3 +39,17 @@ def test_local_plan_on_cpu_devices_replicated_and_fsdp():
   text = plan_report.format_plan(rep)
   assert "train phase 0" in text and "fits" in text and "all-reduce" in text
   json.dumps(rep.to_dict())  # serialisable as --json writes it
+
+
+@pytest.mark.slow
+def test_each_stage_is_planned_at_its_own_length_and_batch_and_the_tightest_is_named():
+  """Issue 57: a staged recipe's phases each compile at their own batch; the report
+  names the phase with the least memory to spare."""
+  s = tiny_settings(**{"train.phase_fractions": (0.5, 0.5), "train.seq_lens": (64, 128),
+                       "train.max_predictions": (10, 20), "train.phase_batch_sizes": (32, 8)})
+  plan = plan_lib.make_plan(s, jax.devices(), "8 cpus", 1 << 40, "RAM/dev", search=False,
+                            include_eval=False)
+  assert [(st.phase, st.seq_len, st.batch) for st in plan.steps] == [(0, 64, 32), (1, 128, 8)]
+  tight = min(plan.steps, key=lambda st: st.headroom_bytes)
+  text = plan_report.format_plan(plan)
+  assert f"the tightest is {tight.name} (B={tight.batch})" in text

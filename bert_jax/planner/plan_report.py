@@ -75,11 +75,13 @@ def format_plan(plan: Plan) -> str:
                  + (f"; HOST TRANSFERS: {', '.join(st.host_transfers)}" if st.host_transfers
                     else ""))
   lines.append("")
-  if plan.fits:
-    lines.append(f"fits: every step fits {plan.memory_label} with at least "
-                 f"{_gib(min(st.headroom_bytes for st in plan.steps) if plan.memory_bytes else None)}"
-                 f" GiB to spare per device" if plan.memory_bytes else
-                 "fits: every step compiles (no device memory limit known)")
+  if plan.fits and plan.memory_bytes:
+    # Every phase (a staged recipe's stage) is planned; the tightest one decides the slice.
+    tight = min(plan.steps, key=lambda st: st.headroom_bytes)
+    lines.append(f"fits: every step fits {plan.memory_label}; the tightest is {tight.name} "
+                 f"(B={tight.batch}), with {_gib(tight.headroom_bytes)} GiB to spare per device")
+  elif plan.fits:
+    lines.append("fits: every step compiles (no device memory limit known)")
   else:
     bad = [st.name for st in plan.steps if not st.fits]
     lines.append(f"does NOT fit: {', '.join(bad)}")
