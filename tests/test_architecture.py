@@ -495,11 +495,11 @@ def test_only_storage_asks_which_storage_a_path_is_on():
 
 def test_settings_import_only_what_checks_a_config():
   """Issue 42: the settings package sits at the bottom; it imports errors, the families'
-  registry (plain data: a config's family is checked against it), the default config (what a continued run's source owns),
-  storage's URL check, and its own modules; `model.precision` only to resolve 'auto'
-  (the dtype and the attention kernel)."""
+  registry (plain data: a config's family is checked against it), the default config
+  (what a continued run's source owns), storage's URL check (storage/urls), and its own
+  modules; `model.precision` only to resolve 'auto' (the dtype and the attention kernel)."""
   allowed = ("bert_jax.errors", "bert_jax.model.family", "bert_jax.default_config",
-             "bert_jax.storage.retries", "bert_jax.settings", "bert_jax.model.precision")
+             "bert_jax.storage.urls", "bert_jax.settings", "bert_jax.model.precision")
   bad = [f"{name}:{line} imports {target}" for name, tree in _trees().items()
          if name.startswith("bert_jax.settings")
          for line, target in _runtime_imports(tree) if not target.startswith(allowed)]

@@ -3,7 +3,6 @@
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -127,15 +126,15 @@ def _popen(workdir, cache, **kw):
 def test_a_killed_and_resumed_run_accounts_for_its_wall_time(tmp_path):
   workdir, cache = str(tmp_path / "run"), str(tmp_path / "prepared")
   t0 = time.time()
-  proc = _popen(workdir, cache, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
+  killed = None
+
+  def wait(proc):
+    nonlocal killed
     soak_kill.wait_for_step(proc, workdir, 9)  # past checkpoint 8 (maybe unfinished), before 12
     killed = time.time()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-  finally:
-    if proc.poll() is None:
-      proc.kill()
+
+  assert soak_kill.kill_once(
+      lambda: _popen(workdir, cache, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), wait)
   measured = time.time() - t0
   t0 = time.time()
   proc = _popen(workdir, cache, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -7,7 +7,6 @@ The source is a small random `transformers.BertForPreTraining` saved with
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -235,15 +234,9 @@ def test_sigkill_and_rerun_equals_an_uninterrupted_continued_run(run, source, ba
           "--workdir", workdir, f"--config.init_from={source}",
           f"--config.data.cache_dir={base / 'prepared'}"]
   env = soak_kill.subprocess_env()
-  proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-  try:
-    soak_kill.wait_for_step(proc, workdir, 5)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-  assert proc.returncode == -signal.SIGKILL
+  start = lambda: subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,  # noqa: E731
+                                   stderr=subprocess.DEVNULL)
+  assert soak_kill.kill_once(start, lambda proc: soak_kill.wait_for_step(proc, workdir, 5))
   done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
   assert "was not used again" in done.stdout

@@ -135,3 +135,29 @@ def test_a_phase_that_resets_adams_moments_resumes_exactly_at_its_boundary(tmp_p
   soak_kill.kill_after_checkpoints(start, workdir, (8, 12), random.Random(0))
   soak_kill.run_to_end(train[2:], env)
   assert soak_kill.differences(reference, workdir) == []
+
+
+@pytest.mark.slow
+def test_a_stage_appended_to_a_finished_run_trains_on_as_if_it_had_been_there(tmp_path):
+  """A finished two-stage run given a third stage resumes at its end and trains the new
+  stage; every checkpoint and row then equals a run that had the three from the start
+  (each stage's own learning-rate segment, data and masking depend on it alone)."""
+  env = soak_kill.subprocess_env(str(tmp_path / "xla"))
+  cache = str(tmp_path / "prepared")
+  three = {"train.phase_steps": (8, 8, 8), "train.schedule": "phases",
+           "train.phase_lr": ("constant", "constant@5e-4", "sqrt->0.01"),
+           "train.phase_mask_probs": (0.15, 0.15, 0.1)}
+  two = {"train.phase_fractions": (0.5, 0.5), "train.seq_lens": (16, 24),
+         "train.max_predictions": (3, 4), "train.phase_steps": (8, 8),
+         "train.schedule": "phases", "train.phase_lr": ("constant", "constant@5e-4"),
+         "train.phase_mask_probs": (0.15, 0.15)}
+  straight, appended = str(tmp_path / "straight"), str(tmp_path / "appended")
+  keep = {"keep_checkpoints": soak_kill.KEEP_ALL}
+  soak_kill.run_to_end(soak_kill.tiny_args(straight, cache, 24, phases=3, **keep, **three), env)
+  first = soak_kill.run_to_end(soak_kill.tiny_args(appended, cache, 16, phases=3, **keep, **two),
+                               env)
+  assert "final eval @ step 16" in first.stdout
+  more = soak_kill.run_to_end(soak_kill.tiny_args(appended, cache, 24, phases=3, **keep,
+                                                  **three), env)
+  assert soak_kill.resumed_step(more.stdout) == 16
+  assert soak_kill.differences(straight, appended) == []

@@ -31,7 +31,7 @@ from bert_jax.settings.init import SOURCE_MODEL_FIELDS, InitSettings, init_setti
 from bert_jax.settings.optimizer import OptimizerSettings
 from bert_jax.settings.run import MeshSettings, ProbeSettings, ProfileSettings, RunSettings
 from bert_jax.settings.train import BatchRampSettings, Phase, SpikeSettings, TrainSettings, phases
-from bert_jax.storage.retries import check_path
+from bert_jax.storage.urls import check_path
 
 __all__ = ("Settings", "from_config", "data_settings", "phases", "DataSettings",
            "MaskingSettings", "OptimizerSettings", "TrainSettings", "Phase", "SpikeSettings",

@@ -10,7 +10,7 @@ import ml_collections
 
 from bert_jax.errors import ConfigError
 from bert_jax.settings.checks import fail, is_int
-from bert_jax.storage import retries
+from bert_jax.storage import urls
 
 FORMATS = ("auto", "plain", "tab", "jsonl", "parquet")  # `config.data.format` (data/corpus)
 OBJECTIVES = ("mlm+nsp", "mlm", "mlm+sop")  # `config.objective` (data/pretraining_data)
@@ -150,7 +150,7 @@ class DataSettings:
       raise fail("data.vocab_sample_bytes", self.vocab_sample_bytes, ">= 1")
     if not self.vocab_file and self.vocab_size < 1:
       raise fail("data.vocab_size", self.vocab_size, "a positive integer")
-    problem = retries.local_file_problem(self.vocab_file) if self.vocab_file else ""
+    problem = urls.local_file_problem(self.vocab_file) if self.vocab_file else ""
     if problem:
       raise ConfigError(f"--config.data.vocab_file: '{self.vocab_file}' {problem}; expected a "
                         "vocab.txt file (one token per line, or a HuggingFace tokenizer.json)")

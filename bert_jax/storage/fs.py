@@ -1,12 +1,9 @@
 """One file layer for every path a user gives: a local path or a `gs://bucket/path`.
 
-Local paths go through `os`; `gs://` paths through etils `epath` (the layer Orbax
-itself uses for checkpoints, with gcsfs underneath), so checkpoints, metrics and
-outputs find a bucket with the same credentials: Google's default credentials from the
-environment (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's, or a TPU VM's service
-account); none is ever printed. `STORAGE_EMULATOR_HOST` (a local GCS server, as the
-tests run one) also points TensorStore, Orbax's array storage, at that server
-(`retries.configure_clients`, at the first bucket request).
+Each path's storage is a backend behind one interface (storage/local.py,
+storage/gcs.py), found from its scheme (`backend`): the rest of the package calls
+these functions and never asks which storage a path is on. A new scheme is a backend
+module and its line in BACKENDS (and its scheme accepted by storage/urls.py).
 
 Writes are whole-object and atomic on both: a local file is written beside its
 target and renamed; a GCS object is visible only once its upload completes, so a
@@ -22,15 +19,14 @@ errors that may pass (a connection refused or reset, a timeout, HTTP 429/5xx).
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import os
-import shutil
-import socket
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from bert_jax.default_config import cache_dir
+from bert_jax.storage import gcs, local
+from bert_jax.storage.local import write_atomic as write_atomic_local  # noqa: F401
 from bert_jax.storage.retries import (GCS, StorageError, bucket_url, check_bucket,  # noqa: F401
                                      check_path, configure_clients, env_number, given_up,
                                      giving_up_on, is_gcs, is_transient, retrying,
@@ -39,9 +35,23 @@ from bert_jax.storage.retries import (GCS, StorageError, bucket_url, check_bucke
 T = TypeVar("T")
 
 
+# The backend of each scheme; any other path is on this host's disk.
+BACKENDS = {GCS: gcs.BACKEND}
+
+
+def backend(path: str):
+  """The storage `path` is on (is_gcs refuses a URL of a scheme not supported)."""
+  return BACKENDS[GCS] if is_gcs(path) else local.BACKEND
+
+
+def gcsfs():
+  """gcsfs's filesystem (storage/mirror.py composes objects with it)."""
+  return gcs.filesystem()
+
+
 def abspath(path: str) -> str:
   """A local path made absolute; a bucket path as it is."""
-  return str(path) if is_gcs(path) else os.path.abspath(os.path.expanduser(str(path)))
+  return backend(path).abspath(str(path))
 
 
 def join(path: str, *names: str) -> str:
@@ -56,41 +66,24 @@ def basename(path: str) -> str:
   return os.path.basename(str(path).rstrip("/"))
 
 
-def _epath(path: str):
-  from etils import epath  # heavy (and gcsfs under it): only for bucket paths
-  import fsspec  # pylint: disable=import-outside-toplevel
-  configure_clients()
-  # A request to a server that accepts and never answers times out (gcsfs: no limit).
-  fsspec.config.conf.setdefault("gcs", {}).update(requests_timeout=60)
-  return epath.Path(path)
-
-
 # --- reading ---
 
 
 def exists(path: str) -> bool:
-  if not is_gcs(path):
-    return os.path.exists(path)
-  return retrying(path, "look at", lambda: _epath(path).exists())
+  return backend(path).exists(path)
 
 
 def isdir(path: str) -> bool:
-  if not is_gcs(path):
-    return os.path.isdir(path)
-  return retrying(path, "look at", lambda: _epath(path).is_dir())
+  return backend(path).isdir(path)
 
 
 def isfile(path: str) -> bool:
-  if not is_gcs(path):
-    return os.path.isfile(path)
-  return retrying(path, "look at", lambda: _epath(path).is_file())
+  return backend(path).isfile(path)
 
 
 def listdir(path: str) -> list[str]:
   """Names in a folder (a bucket prefix's next level), sorted."""
-  if not is_gcs(path):
-    return sorted(os.listdir(path))
-  return retrying(path, "list", lambda: sorted(p.name for p in _epath(path).iterdir()))
+  return backend(path).listdir(path)
 
 
 def listdir_or_empty(path: str) -> list[str]:
@@ -103,21 +96,13 @@ def listdir_or_empty(path: str) -> list[str]:
 
 def find(path: str) -> list[str]:
   """Every file (object) under a folder (prefix), as full paths, sorted."""
-  if not is_gcs(path):
-    return sorted(os.path.join(d, f) for d, _, files in os.walk(path) for f in files)
-  found = retrying(path, "list", lambda: gcsfs().find(path))
-  return sorted(n if n.startswith(GCS) else GCS + n for n in found)
+  return backend(path).find(path)
 
 
 def open(path: str, mode: str = "r", **kwargs) -> Any:  # pylint: disable=redefined-builtin
   """`open` for every module but this one: a local file in any mode, or a bucket object
   to read (written objects go through `write_bytes`/`upload`: whole and atomic)."""
-  if not is_gcs(path):
-    return builtins.open(path, mode, **kwargs)
-  if any(c in mode for c in "wax+"):
-    raise ValueError(f"{path}: bucket objects are written whole (fs.write_bytes), not opened "
-                     f"with mode {mode!r}")
-  return retrying(path, "read", lambda: _epath(path).open(mode, **kwargs))
+  return backend(path).open(path, mode, **kwargs)
 
 
 def replace(src: str, dst: str) -> None:
@@ -134,16 +119,13 @@ def rename(src: str, dst: str) -> None:
 
 
 def _local_only(src: str, dst: str, doing: str) -> None:
-  if is_gcs(src) or is_gcs(dst):  # GCS has no rename: a copy, then a delete
+  if backend(src).remote or backend(dst).remote:  # a bucket has no rename: copy, delete
     raise ValueError(f"cannot {doing} {src} to {dst}: bucket objects have no atomic rename; "
                      "expected local paths (copy with fs.upload)")
 
 
 def read_bytes(path: str) -> bytes:
-  if not is_gcs(path):
-    with builtins.open(path, "rb") as f:
-      return f.read()
-  return retrying(path, "read", lambda: _epath(path).read_bytes())
+  return backend(path).read_bytes(path)
 
 
 def read_text(path: str) -> str:
@@ -152,13 +134,7 @@ def read_text(path: str) -> str:
 
 def glob(pattern: str) -> list[str]:
   """Sorted matches of a glob (`*`, `?`, `[...]`; on a bucket within one level)."""
-  if not is_gcs(pattern):
-    import glob as glob_lib
-    return sorted(glob_lib.glob(pattern))
-  head, _, _ = pattern.partition("*")
-  root = parent(head) if not head.endswith("/") else head.rstrip("/")
-  rest = pattern[len(root) + 1:]
-  return retrying(pattern, "list", lambda: sorted(str(p) for p in _epath(root).glob(rest)))
+  return backend(pattern).glob(pattern)
 
 
 # --- writing ---
@@ -166,16 +142,12 @@ def glob(pattern: str) -> list[str]:
 
 def makedirs(path: str) -> None:
   """A local folder and its parents; on a bucket nothing (prefixes need no folder)."""
-  if not is_gcs(path):
-    os.makedirs(path, exist_ok=True)
+  backend(path).makedirs(path)
 
 
 def write_bytes(path: str, data: bytes) -> None:
   """`data` at `path`, atomically: all of it or (on failure) what was there before."""
-  if is_gcs(path):
-    retrying(path, "write", lambda: _epath(path).write_bytes(data))
-    return
-  write_atomic_local(path, lambda f: f.write(data))
+  backend(path).write_bytes(path, data)
 
 
 def write_text(path: str, text: str) -> None:
@@ -185,13 +157,7 @@ def write_text(path: str, text: str) -> None:
 def write_with(path: str, write: Callable[[Any], Any]) -> None:
   """`write(f)` (a binary file) to `path`, a local file or a bucket object, atomically:
   a failure never leaves a partial file (numpy's savez, a JSON dump)."""
-  if not is_gcs(path):
-    write_atomic_local(path, write)
-    return
-  import io  # pylint: disable=import-outside-toplevel
-  buf = io.BytesIO()
-  write(buf)
-  write_bytes(path, buf.getvalue())
+  backend(path).write_with(path, write)
 
 
 def write_json(path: str, obj: Any, indent: int = 2, sort_keys: bool = False) -> None:
@@ -200,82 +166,32 @@ def write_json(path: str, obj: Any, indent: int = 2, sort_keys: bool = False) ->
   write_text(path, json.dumps(obj, indent=indent, allow_nan=True, sort_keys=sort_keys) + "\n")
 
 
-def write_atomic_local(path: str, write: Callable[[Any], Any]) -> None:
-  """`write(f)` into a file beside `path`, renamed onto it: a failure (a full disk, a
-  kill) never leaves a partial file under the name (the only local atomic writer)."""
-  directory, name = os.path.split(os.path.abspath(path))
-  tmp = os.path.join(directory, f".{name}.tmp-{socket.gethostname()}-{os.getpid()}")
-  try:
-    with builtins.open(tmp, "wb") as f:
-      write(f)
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
-    raise
-
-
 def remove(path: str) -> None:
   """Deletes a file or object; a missing one is no error."""
-  if not is_gcs(path):
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(path)
-    return
-
-  def rm():
-    with contextlib.suppress(FileNotFoundError):
-      _epath(path).unlink()
-  retrying(path, "delete", rm)
+  backend(path).remove(path)
 
 
 def rmtree(path: str) -> None:
-  if not is_gcs(path):
-    shutil.rmtree(path, ignore_errors=True)
-    return
-  p = _epath(path)
-  retrying(path, "delete", lambda: p.rmtree() if p.exists() else None)
+  backend(path).rmtree(path)
 
 
 def move_tree(src: str, dst: str) -> None:
-  """A folder moved to `dst` (which must not exist): a rename on a local disk. A bucket
-  has no rename: every object is copied, then the source deleted, its commit files
-  (Orbax's `commit_success.txt`) first, so a move cut short never leaves a folder that
-  looks complete under the old name."""
-  if not (is_gcs(src) or is_gcs(dst)):
-    os.rename(src, dst)
-    return
-  if not (is_gcs(src) and is_gcs(dst)):
+  """A folder moved to `dst` (which must not exist): a rename on a local disk; on a
+  bucket a copy, then a delete (storage/gcs.py), never between the two."""
+  if backend(src) is not backend(dst):
     _local_only(src, dst, "move")
-  fsys, src, dst = gcsfs(), src.rstrip("/"), dst.rstrip("/")
-  names = find(src)
-  for name in names:
-    target = dst + name[len(src):]
-    retrying(target, "write", lambda n=name, t=target: fsys.copy(n, t))
-  for name in sorted(names, key=lambda n: basename(n) != "commit_success.txt"):
-    remove(name)
+  backend(src).move_tree(src, dst)
 
 
-def upload(local: str, path: str) -> None:
+def upload(local_file: str, path: str) -> None:
   """A local file to `path` (a bucket object or a local file), atomically."""
-  if is_gcs(path):
-    with builtins.open(local, "rb") as src:
-      data = src.read()
-    retrying(path, "write", lambda: _epath(path).write_bytes(data))
-  else:
-    with builtins.open(local, "rb") as src:
-      write_atomic_local(path, lambda f: shutil.copyfileobj(src, f))
+  backend(path).upload(local_file, path)
 
 
-def download(path: str, local: str) -> None:
+def download(path: str, local_file: str) -> None:
   """`path` to a local file, atomically."""
   data = read_bytes(path)
-  write_atomic_local(local, lambda f: f.write(data))
-
-
-def gcsfs():
-  import fsspec  # pylint: disable=import-outside-toplevel
-  _epath(GCS)  # the same settings as every other request
-  return fsspec.filesystem("gcs")
+  write_atomic_local(local_file, lambda f: f.write(data))
 
 
 def local_copy_dir(directory: str) -> str | None:
@@ -283,7 +199,7 @@ def local_copy_dir(directory: str) -> str | None:
   access (prepared data), when it is not on this host's disk: a bucket folder's copy,
   ~/.cache/bert_jax/prepared/<bucket>/<path> (BERT_JAX_LOCAL_CACHE moves it). None for
   a local folder, read where it is."""
-  if not is_gcs(directory):
+  if not backend(directory).remote:
     return None
   root = os.path.expanduser(os.environ.get("BERT_JAX_LOCAL_CACHE", cache_dir("prepared")))
   return os.path.join(root, directory[len(GCS):].strip("/"))
@@ -303,20 +219,14 @@ def local_mirror(path: str, root: str | None = None,
   are downloaded again only when those differ (a host that lost its disk: all of it).
   `before_copy` is called first for a bucket path (a log line: a corpus takes a while).
   Returns the local path, or the local glob for a glob."""
-  if not is_gcs(path):
+  if not backend(path).remote:
     return path
   path = path.rstrip("/") if path.count("/") > 2 else path  # a folder given as x/
   if before_copy is not None:
     before_copy()
   root = root or mirror_root()
   local_of = lambda name: os.path.join(root, name[len(GCS):] if name.startswith(GCS) else name)
-  fsys = gcsfs()
-  pattern = any(c in path for c in "*?[")
-  if pattern:
-    found = retrying(path, "list", lambda: fsys.glob(path, detail=True))
-  else:
-    found = retrying(path, "list", lambda: fsys.find(path, detail=True, withdirs=False))
-  found = {k: v for k, v in found.items() if v.get("type") != "directory"}
+  found = backend(path).objects(path)
   if not found:
     raise StorageError(f"cannot read {path}: no such object (nor objects under it)")
   for name, info in sorted(found.items()):
@@ -326,7 +236,7 @@ def local_mirror(path: str, root: str | None = None,
         and (mtime is None or abs(os.path.getmtime(dest) - mtime) < 1e-3)):
       continue
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    download(GCS + name if not name.startswith(GCS) else name, dest)
+    download(name, dest)
     if mtime is not None:
       os.utime(dest, (mtime, mtime))  # the same fingerprint on every host
   return local_of(path[len(GCS):])
@@ -348,7 +258,7 @@ def _mtime(info: dict) -> float | None:
 def local_copy_for_writing(path: str, suffix: str = "") -> Iterator[str]:
   """A local file name to write, copied to `path` when the block ends without error
   (a plot, an events file: libraries that write local files only)."""
-  if not is_gcs(path):
+  if not backend(path).remote:
     yield path
     return
   import tempfile
