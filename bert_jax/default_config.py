@@ -244,8 +244,8 @@ def _train() -> ml_collections.ConfigDict:
   # Each phase's budget, instead of phase_fractions of num_steps: exact steps, e.g.
   # (8000, 2000); or tokens (rows x length per step at the phase's batch), e.g.
   # ('1.7T', '250B', '50B'). num_steps is then their sum. () = phase_fractions.
-  c.phase_steps = ()
-  c.phase_tokens = ()
+  c.phase_steps = ()  # each phase's exact steps; () = phase_fractions of num_steps
+  c.phase_tokens = ()  # each phase's tokens (e.g. '250B'); () = phase_fractions of num_steps
   # Per phase, whether Adam's moments start afresh at its first step (the learning-rate
   # schedule and the counts of skipped steps go on), e.g. (False, False, True); () = never.
   c.phase_reset_optimizer = ()

@@ -150,6 +150,26 @@ def _skip_reason(command: str):
   return next((why for prefix, why in SKIP.items() if command.startswith(prefix)), None)
 
 
+# A staged config's per-stage fields, cleared with the shrink to one phase.
+STAGED_SHRINK = ("--config.train.phase_batch_sizes=()", "--config.train.phase_tokens=()",
+                 "--config.train.phase_steps=()", "--config.train.phase_rope_thetas=()",
+                 "--config.train.phase_mask_probs=()", "--config.train.phase_lr=()",
+                 "--config.train.schedule=linear")
+
+
+def _staged(command: str) -> bool:
+  """Whether the command's --config file trains in stages of its own."""
+  m = re.search(r"--config\s+(\S+\.py)", command)
+  if not m:
+    return False
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location("_cfg", os.path.join(ROOT, m.group(1)))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  t = module.get_config().train
+  return bool(t.phase_tokens or t.phase_steps or t.phase_batch_sizes)
+
+
 def _shrunk(command: str) -> str:
   if not re.search(r"\btrain\.py\b", command):
     return command
@@ -158,6 +178,8 @@ def _shrunk(command: str) -> str:
     shrink = tuple(f for f in SHRINK if not f.startswith("--config.model."))
   if "--config.train.num_steps=0" in command:  # an evaluation of the source: no steps to shrink
     shrink = tuple(f for f in shrink if not f.startswith("--config.train.num_steps="))
+  if _staged(command):  # one shrunk phase: the stages' own fields go too
+    shrink += STAGED_SHRINK
   appended = []
   for flag in shrink:
     name = flag.split("=", 1)[0]

@@ -1,6 +1,7 @@
 """Staged recipes against one stage on CPU: does the staging help the tiny ModernBERT?
 
   python tools/compare_stages.py [--seeds 0,1] [--scale 1.0] [--out docs/performance.md]
+                                 [--done OUTPUT_OF_A_CALL_CUT_SHORT]
 
 Two comparisons, each variant trained with every seed in its own fresh process:
 
@@ -93,6 +94,18 @@ def measure(workdir: str, tmp: str, cache: str) -> dict:
   return {"mlm_accuracy": ev["mlm_accuracy"], "mlm_loss": ev["mlm_loss"], "probe": acc}
 
 
+def _done_runs(path: str) -> dict:
+  """{(variant, seed): measurements} of the run lines an earlier call printed."""
+  import ast  # pylint: disable=import-outside-toplevel
+  out = {}
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      m = re.match(r"(.+) seed (\d+): (\{.*\})$", line.strip())
+      if m:
+        out[(m.group(1), int(m.group(2)))] = ast.literal_eval(m.group(3))
+  return out
+
+
 def _mean_sd(xs: list[float]) -> str:
   sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
   return f"{statistics.mean(xs):.4f} ± {sd:.4f}"
@@ -137,14 +150,20 @@ def main(argv=None) -> None:
   p.add_argument("--seeds", default="0,1")
   p.add_argument("--scale", type=float, default=1.0, help="multiplies every step count")
   p.add_argument("--out", default="", help="a file whose marked section gets the table")
+  p.add_argument("--done", default="", help="the printed output of an earlier call cut short: "
+                 "its finished runs (the 'NAME seed S: {...}' lines) are not run again")
   args = p.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(",")]
+  done = _done_runs(args.done) if args.done else {}
   results: dict = {}
   with tempfile.TemporaryDirectory(prefix="bert_jax_stages_") as tmp:
     cache = os.path.join(tmp, "prepared")
     for name, (comparison, config, flags, tokens) in variants(args.scale).items():
       runs = []
       for seed in seeds:
+        if (name, seed) in done:
+          runs.append(done[(name, seed)])
+          continue
         workdir = os.path.join(tmp, f"{len(results)}-{seed}")
         _run([os.path.join(ROOT, "train.py"), "--config", os.path.join(ROOT, config),
               "--workdir", workdir, f"--config.seed={seed}", f"--config.data.cache_dir={cache}",
