@@ -89,11 +89,10 @@ class TrainSettings:
 
   def batch_fields(self) -> list[tuple[int, str]]:
     """(global batch, the config field that set it) of every phase, each size once."""
+    own = any(p.batch_size not in (0, self.batch_size) for p in self.phases)
     out = {}
     for ph in self.phases:
-      field = "train.batch_size" if not ph.batch_size or ph.batch_size == self.batch_size and (
-          all(p.batch_size in (0, self.batch_size) for p in self.phases)) else (
-              f"train.phase_batch_sizes[{ph.index}]")
+      field = f"train.phase_batch_sizes[{ph.index}]" if own else "train.batch_size"
       out.setdefault(self.batch_of(ph), field)
     return list(out.items())
 
