@@ -32,7 +32,8 @@ from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState, check_same_data, checkpoint_dir
 from bert_jax.settings import Settings
 from bert_jax.train.steps import TrainSteps, make_steps  # noqa: F401  (tests and tools import it here too)
-from bert_jax.train.hooks import GoodputHook, Hooks, LeaseCheck, Stragglers
+from bert_jax.train.hooks import (GoodputHook, Hooks, LeaseCheck, NonFiniteCheck, Probes,
+                                  ProgressBar, Stragglers)
 from bert_jax.train.profiling import StepProfiler
 from bert_jax.train.watchdog import Watchdog
 
@@ -117,9 +118,8 @@ def _run(s: Settings, workdir: Workdir, mesh, source=None, probe_tasks=(),
     if (note := reporter.skipped_warning()) is not None:
       console.warn(note)
     ledger.restored(state.step)
-    loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state, probes.RunProbes(
-        s.probe, list(probe_tasks), steps.bert_config, tok, s.run.seed),
-        _hooks(s, workdir, ledger))
+    loop = TrainLoop(s, steps, ckpts, prepared, reporter, signals, state,
+                     _hooks(s, workdir, ledger, state.step, ckpts, reporter, probe_tasks, tok))
     ev = _train(s, loop, ckpts, reporter, fresh_source, source.fresh_heads if source else ())
     with ledger.timed("checkpoint"):
       ckpts.finish_save()
@@ -155,10 +155,19 @@ def _plot(reporter, s: Settings, step: int) -> str:
   return reporter.plot(step, [ph.start for ph in s.train.phases[1:]])
 
 
-def _hooks(s: Settings, workdir: Workdir, ledger: goodput.Ledger) -> Hooks:
-  """What watches the loop (train/hooks); a concern that is off is not registered."""
+def _hooks(s: Settings, workdir: Workdir, ledger: goodput.Ledger, step: int,
+           ckpts: RunCheckpoints, reporter: Reporter, probe_tasks=(), tok=None) -> Hooks:
+  """What watches the loop (train/hooks), for a run restored at `step`; a concern that is
+  off is not registered."""
   hooks = [StepProfiler(s.profile.steps, s.profile.on_demand_steps, workdir),
-           GoodputHook(ledger), LeaseCheck()]
+           GoodputHook(ledger), LeaseCheck(),
+           NonFiniteCheck(s.train.max_consecutive_nonfinite, ckpts.latest_step)]
+  if s.run.progress_bar and jax.process_index() == 0:
+    hooks.insert(0, ProgressBar(s.train.num_steps, step))  # lines print through it
+  if probe_tasks:  # config.probe.tasks, after every evaluation
+    run_probes = probes.RunProbes(s.probe, list(probe_tasks), ckpts.steps.bert_config, tok,
+                                  s.run.seed)
+    hooks.append(Probes(run_probes, ckpts.steps.config_at, reporter.write))
   if s.run.watchdog_s > 0:
     hooks.append(Watchdog(s.run.watchdog_s, workdir, s.run.watchdog_exit))
   if jax.process_count() > 1 and s.run.straggler_factor:

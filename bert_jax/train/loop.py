@@ -1,4 +1,6 @@
-"""The training loop: phases of steps, logging, periodic eval and checkpoints, stops.
+"""The training loop: phases of steps, and the calls made after them at a cadence
+(train/hooks: the spike check, the log row, the checkpoint, the stop check, the
+evaluation), each registered with its `every=`.
 
 Rates are measured over synchronised intervals (train/throughput.py): the
 first step of a phase (its compilation) and evaluations are timed apart.
@@ -23,16 +25,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
-from tqdm import tqdm
-
 from bert_jax import console
 from bert_jax.data import batch_ramp, input_pipeline
 from bert_jax.parallel import sharding
 from bert_jax.data.dataset import Prepared
-from bert_jax.errors import NonFiniteError, Preempted
+from bert_jax.errors import Preempted
 from bert_jax.train.preemption import StopSignals
 from bert_jax.train import mixture_run, spikes
-from bert_jax.train.hooks import Hooks, LogPoint
+from bert_jax.train.hooks import Hooks, LogPoint, Rewind, StepInfo
 from bert_jax.train.reporting import Reporter
 from bert_jax.train.resume import RunCheckpoints, RunState
 from bert_jax.settings import Phase, Settings
@@ -46,14 +46,12 @@ class TrainLoop:
 
   def __init__(self, settings: Settings, steps: TrainSteps, ckpts: RunCheckpoints,
                prepared: Prepared, reporter: Reporter, signals: StopSignals, state: RunState,
-               probes: Optional[Any] = None, hooks: Optional[Hooks] = None):
+               hooks: Optional[Hooks] = None):
     self.s, self.steps, self.ckpts, self.prepared = settings, steps, ckpts, prepared
     self.reporter, self.signals, self.state = reporter, signals, state
-    # config.probe.tasks, probed after every evaluation: eval/training_probes.RunProbes
-    # (given by the trainer: the loop knows no evaluation beyond its own).
-    self.probes = probes
-    # The watchdog, profiler, goodput ledger, stragglers and lease check (train/hooks),
-    # registered by the trainer.
+    # The progress bar, the NaN check, the probes, the watchdog, profiler, goodput ledger,
+    # stragglers and lease check (train/hooks), registered by the trainer; the loop's
+    # own calls at a cadence go first.
     self.hooks = hooks or Hooks()
     self._waits = 0.0  # data waits and saves inside the timed interval: not productive
     self._data_wait = 0.0  # the data waits alone (config.straggler_factor)
@@ -79,6 +77,20 @@ class TrainLoop:
     # config.data.sources: the tokens drawn from each source (train/mixture_run)
     self.mixture = (mixture_run.MixtureTokens(first)
                     if getattr(first, "counts", None) is not None else None)
+    self._run: Optional[_PhaseRun] = None  # the phase being trained
+    self._register(settings.run)
+
+  def _register(self, run: Any) -> None:
+    """The loop's own calls at a cadence, in the order they run after a step."""
+    add = lambda *a, **k: self.hooks.add(*a, first=True, **k)  # noqa: E731
+    if self.spikes.on:  # judged before a row or a checkpoint of the spike's steps
+      add(self._judge, every=(run.log_every, run.checkpoint_every), name="spike check",
+          at_phase_end=True)
+    add(self._log, every=run.log_every, name="log", at_phase_end=True)
+    add(self._checkpoint, every=run.checkpoint_every, name="checkpoint", at_run_end=True)
+    add(self._stop, every=1, name="stop check")
+    # The run's last step is evaluated by final_eval, after its checkpoint is complete.
+    add(self._eval, every=run.eval_every, name="eval", at_run_end=False)
 
   def summary(self) -> Optional[str]:
     """The end-of-run line: average rates of this session's timed steps, compile times."""
@@ -90,8 +102,7 @@ class TrainLoop:
         f"phase {i} {sec:.1f} s" for i, sec in sorted(self.compile_s.items())))
     if self.eval_s:
       parts.append(f"evaluation {self.eval_s:.1f} s")
-    if self.probes and self.probes.seconds:
-      parts.append(f"probes {self.probes.seconds:.1f} s")
+    parts += self.hooks.summary()  # the probes' time
     return "throughput: " + "; ".join(parts)
 
   def _after_eval(self, ev: dict) -> dict:
@@ -124,15 +135,11 @@ class TrainLoop:
     return ev | {"train_mask_prob": phase.mask_prob_at(step, self.s.masking.mask_prob)}
 
   def probe(self, step: int, phase: Phase) -> None:
-    """Probes the current parameters (config.probe.tasks), as `phase` applies them, and
-    logs them as step `step`."""
-    if not self.probes:
-      return
+    """What follows an evaluation of step `step` (the hooks' `after_eval`: the probes of
+    config.probe.tasks), timed as evaluation."""
     t0 = time.perf_counter()
-    m = self.probes.run(self.state.params, self.steps.config_at(phase.index))
+    self.hooks.after_eval(step, phase, self.state.params)
     self.hooks.on_time("eval", time.perf_counter() - t0)
-    self.reporter.write("probe", step, m)
-    console.log(f"probe @ {step}: {self.probes.describe(m)}")
 
   def stop_if_requested(self, sync: bool = False, phase: Optional[Phase] = None,
                         position: int = 0) -> None:
@@ -150,28 +157,24 @@ class TrainLoop:
                     "same command to resume", self.state.step, signum)
 
   def train(self) -> None:
-    run, st = self.s.run, self.state
-    self.hooks.start()
-    if st.step < self.s.train.num_steps:
-      console.log(self.throughput.note())
-    bar = tqdm(total=self.s.train.num_steps, initial=st.step, unit="step", dynamic_ncols=True,
-               smoothing=0.05, disable=not run.progress_bar or jax.process_index() != 0)
+    st = self.state
     try:
-      with console.through(bar):
-        self._redo_lost_eval()
-        for phase in self.s.train.phases:
-          if st.step < phase.end:  # phases the restored step is past keep the position
-            self._train_phase(phase, bar)
-            st.position = 0  # the next phase starts at its first batch
+      self.hooks.start()
+      if st.step < self.s.train.num_steps:
+        console.log(self.throughput.note())
+      self._redo_lost_eval()
+      for phase in self.s.train.phases:
+        if st.step < phase.end:  # phases the restored step is past keep the position
+          self._train_phase(phase)
+          st.position = 0  # the next phase starts at its first batch
     finally:
-      bar.close()
       self.hooks.close()
     if (line := self.summary()) is not None:
       console.log(line)
     if self.mixture is not None and self.mixture.total.any():
       console.log(f"mixture: tokens drawn this session: {self.mixture.describe()}")
 
-  def _train_phase(self, phase: Phase, bar: tqdm) -> None:
+  def _train_phase(self, phase: Phase) -> None:
     st, it = self.state, self._iterator(phase)
     step_fn = self.steps.train_step_fn(phase)
     console.log(f"phase {phase.index}: steps {phase.start}..{phase.end} at sequence length "
@@ -180,31 +183,42 @@ class TrainLoop:
     self._pending, self._observed = [], 0
     if phase.reset_optimizer and st.step == phase.start:  # also when resumed right here
       st.opt_state = self.steps.reset_moments(st.params, st.opt_state)
-    run = _PhaseRun(Interval(st.step), collections.deque(), bar)
+    self._run = run = _PhaseRun(Interval(st.step), it, self.hooks.progress)
     with it:
       while st.step < phase.end:
         batch = self._next_batch(it, run.interval)
         run.first = run.first or self._new_batch_size(st.step, phase)
-        metrics = self._step(step_fn, batch, phase, run)
-        logs = st.step % self.s.run.log_every == 0 or st.step == phase.end
-        saves = st.step % self.s.run.checkpoint_every == 0 or st.step == self.s.train.num_steps
-        if logs or (saves and self.spikes.on):  # a save waits for no step unless judged
-          run.drain(metrics)  # the clock is read when the steps are done
-          if self._rolled_back(phase, run.interval, bar):  # before a row or checkpoint of it
-            continue  # the data goes on where it is: the spike's batches are skipped
-        if logs:
-          self._log_train(phase, bar, self._pending, run.interval)
-          self._pending, self._observed = [], 0
-        if saves:
-          self._save(phase, it.position)
-        self.stop_if_requested(phase=phase, position=it.position)
-        if st.step % self.s.run.eval_every == 0 and st.step < self.s.train.num_steps:
-          run.drain(metrics)  # training time so far; the evaluation is timed apart
-          run.interval.pause()
-          with self.hooks.paused():
-            self._eval_point(phase)
-          run.interval.resume()
-          bar.unpause()  # nor does an evaluation or a probe count as time per step
+        run.metrics = self._step(step_fn, batch, phase, run)
+        info = StepInfo(st.step, phase, st)
+        for call in self.hooks.due(st.step, phase.end, self.s.train.num_steps):
+          if (rewind := call.fn(info)) is not None:
+            self._rewind(rewind, phase)
+            break  # the data goes on where it is: the spike's batches are skipped
+
+  def _judge(self, info: StepInfo) -> Optional[Rewind]:
+    """A completed loss spike in the steps since the last judgement: rewind. A save waits
+    for no step unless judged; a log point would anyway."""
+    self._run.drain()  # the clock is read when the steps are done
+    spike = self._spike()
+    return None if spike is None else Rewind(spike)
+
+  def _log(self, info: StepInfo) -> None:
+    self._run.drain()
+    self._log_train(info.phase, self._pending, self._run.interval)
+    self._pending, self._observed = [], 0
+
+  def _checkpoint(self, info: StepInfo) -> None:
+    self._save(info.phase, self._run.iterator.position)
+
+  def _stop(self, info: StepInfo) -> None:
+    self.stop_if_requested(phase=info.phase, position=self._run.iterator.position)
+
+  def _eval(self, info: StepInfo) -> None:
+    self._run.drain()  # training time so far; the evaluation is timed apart
+    self._run.interval.pause()
+    with self.hooks.paused():  # nor does an evaluation or a probe count as time per step
+      self._eval_point(info.phase)
+    self._run.interval.resume()
 
   def _step(self, step_fn, batch, phase: Phase, run: "_PhaseRun"):
     """One step dispatched: its metrics. A step that compiles (a phase's first, a new
@@ -221,7 +235,7 @@ class TrainLoop:
     self.hooks.after_step(st.step, metrics)
     self._pending.append(metrics)
     if not run.first:
-      run.dispatched(metrics)
+      run.dispatched(metrics, st.step)
       return metrics
     jax.block_until_ready(metrics)
     compile_s = time.perf_counter() - run.interval.start - self._waits
@@ -229,7 +243,7 @@ class TrainLoop:
     self.hooks.on_time("compile", compile_s)
     run.interval.restart(st.step)
     self._waits, run.first = 0.0, False
-    _restart_rate(run.bar, st.step)  # the bar's rate and estimate leave the compile out
+    self.hooks.timed_from(st.step)  # the bar's rate and estimate leave the compile out
     return metrics
 
   def _next_batch(self, it: input_pipeline.TrainIterator, interval: Interval):
@@ -278,18 +292,15 @@ class TrainLoop:
         return found
     return None
 
-  def _rolled_back(self, phase: Phase, interval: Interval, bar: tqdm) -> bool:
-    """A completed loss spike: the state rolled back to the checkpoint before it."""
-    if (spike := self._spike()) is None:
-      return False
+  def _rewind(self, rewind: Rewind, phase: Phase) -> None:
+    """The state rolled back to the checkpoint before a completed loss spike."""
     with self.hooks.paused():
-      spikes.roll_back(spike, self.spikes, self.s.train.spike.max_rollbacks, phase,
+      spikes.roll_back(rewind.spike, self.spikes, self.s.train.spike.max_rollbacks, phase,
                        self.state, self.ckpts, self.reporter)
     self._pending, self._observed = [], 0
-    interval.restart(self.state.step)  # the spike's steps: time to "other"
+    self._run.interval.restart(self.state.step)  # the spike's steps: time to "other"
     self._waits = 0.0
-    _restart_rate(bar, self.state.step)
-    return True
+    self.hooks.timed_from(self.state.step)
 
   def _save(self, phase: Phase, position: int) -> None:
     self.state.spike = self.spikes.state()  # the detector as of this step, for a resume
@@ -307,8 +318,9 @@ class TrainLoop:
     if category == "data_wait":
       self._data_wait += seconds
 
-  def _log_train(self, phase: Phase, bar: tqdm, pending: list, interval: Interval) -> None:
-    """Writes the interval's train metrics and rates; updates the bar; checks NaN streaks."""
+  def _log_train(self, phase: Phase, pending: list, interval: Interval) -> None:
+    """Writes the interval's train metrics and rates; the hooks see the row (the progress
+    bar shows it, the NaN check judges it)."""
     step = self.state.step
     seconds, n_steps, real_tokens, sequences = interval.close(step)
     t0 = time.perf_counter()  # from here the log point's own writes: not training time
@@ -326,21 +338,10 @@ class TrainLoop:
     with self.hooks.paused() if not self._logged else contextlib.nullcontext():
       self.reporter.write("train", step, m)
     self._logged = True
-    self.hooks.after_log(point)
     # In the next interval, but no step's: a storage stall in these writes (a goodput
     # record, a log row) went to "productive" (133.7 of 166.1 s with a 75 s stall).
     self._waits += time.perf_counter() - t0
-    post = {"loss": f"{m['loss']:.3f}", "mlm_acc": f"{m['mlm_accuracy']:.3f}"}
-    post |= {f"{t}_acc": f"{m[t + '_accuracy']:.3f}" for t in ("nsp", "sop")
-             if t + "_accuracy" in m}  # none for config.objective 'mlm'
-    if "sequences_per_sec" in m:
-      post["seq_s"] = f"{m['sequences_per_sec']:.0f}"
-    if "mfu" in m:
-      post["mfu"] = f"{m['mfu']:.1%}"
-    if "memory_peak_gib" in m:  # TPU, GPU: the largest peak over this process's devices
-      post["mem"] = f"{m['memory_peak_gib']:.1f}G"
-    bar.set_postfix(post)
-    self._check_nonfinite(m["nonfinite_streak"])
+    self.hooks.after_log(point, m)
 
   def _redo_lost_eval(self) -> None:
     """The evaluation of the restored step, when it is an evaluation step whose row is
@@ -366,15 +367,6 @@ class TrainLoop:
     console.log(f"eval @ {self.state.step}: {describe_eval(ev)}")
     self.probe(self.state.step, phase)
 
-  def _check_nonfinite(self, streak: float) -> None:
-    limit = self.s.train.max_consecutive_nonfinite
-    if streak >= limit:
-      raise NonFiniteError(
-          f"loss or gradients were NaN/inf for {int(streak)} consecutive steps (up to step "
-          f"{self.state.step}; config.train.max_consecutive_nonfinite={limit}); those steps "
-          f"left the parameters unchanged, the newest checkpoint is step "
-          f"{self.ckpts.latest_step()}; try a lower config.train.learning_rate")
-
   def final_eval(self) -> dict:
     last = self.s.train.phases[-1]
     if self.ckpts.latest_step() != self.state.step:  # e.g. num_steps raised after a finished run
@@ -386,31 +378,25 @@ class TrainLoop:
 
 
 class _PhaseRun:
-  """A phase's timing: its interval, the steps still in flight, the bar, and whether the
-  next step compiles."""
+  """A phase's timing: its interval, its data iterator, the steps still in flight, the
+  newest step's metrics, and whether the next step compiles."""
 
-  def __init__(self, interval: Interval, in_flight: collections.deque, bar: tqdm):
-    self.interval, self.in_flight, self.bar, self.first = interval, in_flight, bar, True
+  def __init__(self, interval: Interval, iterator: input_pipeline.TrainIterator,
+               progress: Any):
+    self.interval, self.iterator, self.progress = interval, iterator, progress
+    self.in_flight: collections.deque = collections.deque()
+    self.first, self.metrics = True, None
 
-  def dispatched(self, metrics) -> None:
+  def dispatched(self, metrics, step: int) -> None:
     """At most _MAX_IN_FLIGHT steps queued: the bar follows the steps as they finish."""
     self.in_flight.append(metrics)
     if len(self.in_flight) > _MAX_IN_FLIGHT:
       jax.block_until_ready(self.in_flight.popleft())
-    self.bar.update(1)
+    self.progress(step)
 
-  def drain(self, metrics) -> None:
-    jax.block_until_ready(metrics)
+  def drain(self) -> None:
+    jax.block_until_ready(self.metrics)
     self.in_flight.clear()
-
-
-def _restart_rate(bar: tqdm, step: int) -> None:
-  """Restarts the bar's clock and rate at `step` (tqdm has no call for just that)."""
-  if bar.disable:
-    return
-  bar.reset()
-  bar.initial = bar.n = bar.last_print_n = step
-  bar.refresh()
 
 
 def _train_metrics(pending: list) -> dict:

@@ -47,7 +47,7 @@ class StepProfiler:
   def step_scope(self, step: int, compiling: bool):  # its hook call (train/hooks)
     return self.annotate(step)
 
-  def after_log(self, point: Any) -> None:  # its hook call: a log point checks for PROFILE
+  def after_log(self, point: Any, row: dict) -> None:  # its hook call: a log point checks for PROFILE
     self.check_request(point.step)
 
   def before_step(self, step: int) -> None:
