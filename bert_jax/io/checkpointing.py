@@ -20,9 +20,9 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from bert_jax.errors import CheckpointError
+from bert_jax.io import orbax_private
 from bert_jax.storage import fs
 from bert_jax.storage.workdir import Workdir
-from bert_jax.storage.retries import configure_clients, tensorstore_retries
 
 ITEMS = ("params", "opt_state", "meta")
 RESTORED_STEP = "restored_step"  # added to the meta restore_params returns
@@ -59,19 +59,6 @@ def _quiet_closed_loop(previous):
   return hook
 
 
-def _bound_gcs_retries() -> None:
-  """TensorStore retries a GCS request up to 32 times with delays up to 32 s (a quarter
-  of an hour against a server that is gone); a run should stop with one line well
-  before that. Orbax builds every TensorStore context from these dicts (it offers no
-  option for it), so the bound goes there, from the file layer's one retry policy
-  (`retries.tensorstore_retries`); called before each manager is made, not at import."""
-  from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
-  configure_clients()
-  for context in (ts_utils._BASE_TS_CONTEXT,  # pylint: disable=protected-access
-                  ts_utils._DEFAULT_OCDBT_TS_CONTEXT):  # pylint: disable=protected-access
-    context["gcs_request_retries"] = tensorstore_retries()
-
-
 def _quiet_orbax_writers() -> None:
   """The two filters above, installed once a process, when its first manager is made (not
   at import: a process that imports this module and writes no checkpoint keeps absl's
@@ -89,36 +76,20 @@ def _quiet_orbax_writers() -> None:
 # for a 2-layer model on 8 devices, about 6 s of a tiny run's 6.3 s of checkpointing.
 # Below this many bytes a replica, one replica writes the whole array.
 MIN_REPLICA_SLICE_BYTES = 1 << 20
-_one_replica_registered = False  # once a process
 
 
-def _write_small_arrays_from_one_replica() -> None:
-  """Orbax's handler for jax.Array with MIN_REPLICA_SLICE_BYTES (StandardCheckpointHandler
-  takes no handler of its own: the global registry is the one place). Either way the
-  arrays restore the same (tests/test_checkpointing.py); only their chunks on disk and
-  the device that copies each out differ."""
-  global _one_replica_registered
-  if _one_replica_registered:
-    return
-  from orbax.checkpoint._src.metadata import array_metadata_store
-  _one_replica_registered = True
-  absl_log = logging.getLogger("absl")
-  level = absl_log.level
-  absl_log.setLevel(logging.ERROR)  # not Orbax's warning that a handler is overridden
-  try:
-    ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
-        min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
-        array_metadata_store=array_metadata_store.Store()), override=True)
-  finally:
-    absl_log.setLevel(level)
-
-
-def _handlers() -> dict:
-  # Registered up front so a manager opened only to read (restore_params)
-  # knows each item's format and can report its metadata.
-  _bound_gcs_retries()  # every manager is made with these handlers
+def _handlers(root: str) -> dict:
+  """The items' handlers of a manager on `root`. Registered up front so a manager opened
+  only to read (restore_params) knows each item's format and can report its metadata.
+  Every manager is made with them, so the settings below are in place before any."""
+  # TensorStore retries a GCS request up to 32 times with delays up to 32 s (a quarter
+  # of an hour against a server that is gone); a run should stop with one line well
+  # before that: the bucket backend's bound (`retries.tensorstore_retries`).
+  orbax_private.use_tensorstore_context(fs.tensorstore_context(root))
   _quiet_orbax_writers()
-  _write_small_arrays_from_one_replica()
+  # Arrays restore the same either way (tests/test_checkpointing.py); only their chunks
+  # on disk and the device that copies each out differ.
+  orbax_private.use_array_handler(MIN_REPLICA_SLICE_BYTES)
   return {"params": ocp.StandardCheckpointHandler(),
           "opt_state": ocp.StandardCheckpointHandler(),
           "meta": ocp.JsonCheckpointHandler()}
@@ -134,8 +105,8 @@ def manager(directory: str, keep: int = 3, async_save: bool = True) -> ocp.Check
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
       cleanup_tmp_directories=True)
-  return ocp.CheckpointManager(fs.abspath(directory), options=options,
-                               item_handlers=_handlers())
+  root = fs.abspath(directory)
+  return ocp.CheckpointManager(root, options=options, item_handlers=_handlers(root))
 
 
 def move_aside(mngr: ocp.CheckpointManager, step: int) -> str:
@@ -192,7 +163,7 @@ def complete_steps(path: str) -> tuple[str, list[int]]:
   """(the checkpoints folder, its complete steps in order) of a workdir, its checkpoints/
   folder or a step folder."""
   root, _ = _checkpoint_root(path)
-  mngr = ocp.CheckpointManager(root, item_handlers=_handlers())
+  mngr = ocp.CheckpointManager(root, item_handlers=_handlers(root))
   try:
     return root, sorted(mngr.all_steps())
   finally:
@@ -217,7 +188,7 @@ def restore_params(path: str, step: Optional[int] = None,
   `<step>.orbax-checkpoint-tmp-*` folder is never listed, and is left alone).
   """
   root, step_in_path = _checkpoint_root(path)
-  mngr = ocp.CheckpointManager(root, item_handlers=_handlers())
+  mngr = ocp.CheckpointManager(root, item_handlers=_handlers(root))
   try:
     step = step if step is not None else step_in_path
     steps = sorted(mngr.all_steps(), reverse=True)
@@ -343,7 +314,8 @@ def newest_meta(ckpt_dir: str) -> Optional[dict]:
   """The meta of the newest step whose meta reads, or None; reads only, writes nothing."""
   if not fs.isdir(ckpt_dir):
     return None
-  mngr = ocp.CheckpointManager(fs.abspath(ckpt_dir), item_handlers=_handlers())
+  root = fs.abspath(ckpt_dir)
+  mngr = ocp.CheckpointManager(root, item_handlers=_handlers(root))
   try:
     for step in sorted(mngr.all_steps(), reverse=True):
       try:
@@ -405,7 +377,7 @@ def save_params(directory: str, step: int, params: Any, meta: dict,
   fs.makedirs(root)  # Orbax's create=True refuses active_processes
   options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=False,
                                          multiprocessing_options=alone)
-  mngr = ocp.CheckpointManager(root, options=options, item_handlers=_handlers())
+  mngr = ocp.CheckpointManager(root, options=options, item_handlers=_handlers(root))
   try:
     mngr.save(step, force=True, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)))

@@ -44,6 +44,11 @@ def backend(path: str):
   return BACKENDS[GCS] if is_gcs(path) else local.BACKEND
 
 
+def tensorstore_context(path: str) -> dict:
+  """The TensorStore context entries arrays under `path` need (io/checkpointing)."""
+  return backend(path).tensorstore_context()
+
+
 def gcsfs():
   """gcsfs's filesystem (storage/mirror.py composes objects with it)."""
   return gcs.filesystem()

@@ -87,5 +87,9 @@ class Local:
   def move_tree(self, src: str, dst: str) -> None:
     os.rename(src, dst)
 
+  def tensorstore_context(self) -> dict:
+    """A local file needs no TensorStore context of its own."""
+    return {}
+
 
 BACKEND = Local()
