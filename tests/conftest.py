@@ -64,3 +64,39 @@ def server(tmp_path_factory):
   from gcs_server import GcsServer  # pylint: disable=import-outside-toplevel
   with GcsServer(tmp_path_factory.mktemp("gcs"), buckets=("bkt",)) as s:
     yield s
+
+
+@pytest.fixture
+def tiny_config():
+  """The tiny test config (tests/tiny_run.py) with any overrides, by dotted name:
+  `tiny_config(**{"train.num_steps": 6, "log_every": 2})`."""
+  import tiny_run  # pylint: disable=import-outside-toplevel
+  return tiny_run.config
+
+
+@pytest.fixture
+def workdir(tmp_path) -> str:
+  """A run's folder, not yet made (train.py makes it)."""
+  return str(tmp_path / "run")
+
+
+@pytest.fixture
+def killed_run():
+  """`killed_run(args, env, workdir, checkpoints)`: train.py with `args` (its output
+  dropped), SIGKILLed at a random moment just after each of `checkpoints` is complete,
+  each run resuming the one before; the tests' one kill loop
+  (soak_kill.kill_after_checkpoints on soak_kill.kill_once). Returns (the newest
+  checkpoint after each kill, the seed of the moments, for a failure's message)."""
+  import random  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import soak_kill  # pylint: disable=import-outside-toplevel
+
+  def run(args: list, env: dict, workdir: str, checkpoints) -> tuple[list, int]:
+    train = [sys.executable, os.path.join(soak_kill.ROOT, "train.py"), *args]
+    start = lambda: subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,  # noqa: E731
+                                     stderr=subprocess.DEVNULL)
+    seed = random.randrange(2**31)
+    newest = soak_kill.kill_after_checkpoints(start, workdir, checkpoints,
+                                              random.Random(seed), f"seed {seed}: ")
+    return newest, seed
+  return run

@@ -3,10 +3,6 @@ budget (`train.phase_steps`, `train.phase_tokens`), and may start with fresh Ada
 (`train.phase_reset_optimizer`); a stage appended to a finished run trains on as if it
 had been there. The kill loop across a batch change is tests/test_stages.py's."""
 
-import os
-import random
-import subprocess
-import sys
 
 import pytest
 
@@ -91,7 +87,8 @@ def test_reset_flags_are_one_per_phase():
 
 
 @pytest.mark.slow
-def test_a_phase_that_resets_adams_moments_resumes_exactly_at_its_boundary(tmp_path):
+def test_a_phase_that_resets_adams_moments_resumes_exactly_at_its_boundary(tmp_path,
+                                                                          killed_run):
   """Phase 1 starts with fresh moments: Adam's count in the last checkpoint is phase 1's
   steps while the schedule's is the run's; killed just after the boundary's checkpoint
   (the state before the reset), the run resets again on resume and ends bit for bit."""
@@ -106,12 +103,9 @@ def test_a_phase_that_resets_adams_moments_resumes_exactly_at_its_boundary(tmp_p
             k.endswith("['count']")}
   assert sorted(counts.values()) == [8, 16], counts  # Adam's (phase 1's steps), the schedule's
   workdir = str(tmp_path / "killed")
-  train = [sys.executable, os.path.join(soak_kill.ROOT, "train.py"), *args(workdir)]
-  start = lambda: subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,  # noqa: E731
-                                   stderr=subprocess.DEVNULL)
-  soak_kill.kill_after_checkpoints(start, workdir, (8,), random.Random(0))
-  soak_kill.run_to_end(train[2:], env)
-  assert soak_kill.differences(reference, workdir) == []
+  _, seed = killed_run(args(workdir), env, workdir, (8,))
+  soak_kill.run_to_end(args(workdir), env)
+  assert soak_kill.differences(reference, workdir) == [], f"seed {seed}"
 
 
 @pytest.mark.slow

@@ -17,10 +17,7 @@ train row of metrics.jsonl:
 """
 
 import os
-import random
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -58,7 +55,7 @@ def _config(base, phases):
 def references(base):
   """{phases: workdir of the uninterrupted run}."""
   out = {}
-  for phases in (2, 3):
+  for phases in (3,):  # two phases: tests/test_stages.py, tests/test_packing.py
     out[phases] = str(base / f"reference_{phases}")
     train_and_evaluate(_config(base, phases), out[phases])
   return out
@@ -94,21 +91,17 @@ def test_resume_in_this_process_of_three_phases_is_exact(base, references, resum
   assert soak_kill.differences(references[3], workdir) == [], f"resumed at step {resume_at}"
 
 
-@pytest.mark.parametrize("phases", [2, 3])
+@pytest.mark.parametrize("phases", [3])
 def test_sigkill_after_every_checkpoint_of_every_phase_ends_exact(base, references,
-                                                                  compile_cache, phases):
-  seed = random.randrange(2**31)
-  rng = random.Random(seed)
+                                                                  compile_cache, killed_run,
+                                                                  phases):
   workdir = str(base / f"killed_{phases}")
   args = soak_kill.tiny_args(workdir, str(base / "prepared"), STEPS[phases], phases,
                              **_extra(phases))
   env = soak_kill.subprocess_env(compile_cache)
-  train = [sys.executable, os.path.join(ROOT, "train.py"), *args]
-  start = lambda: subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,  # noqa: E731
-                                   stderr=subprocess.DEVNULL)
   # Killed at a random moment shortly after each checkpoint.
-  resumed_from = soak_kill.kill_after_checkpoints(
-      start, workdir, _checkpoints_inside_and_at_boundaries(phases), rng, f"seed {seed}: ")
+  resumed_from, seed = killed_run(args, env, workdir,
+                                  _checkpoints_inside_and_at_boundaries(phases))
   last = soak_kill.run_to_end(args, env)
   assert soak_kill.resumed_step(last.stdout) == resumed_from[-1]
   msg = f"seed {seed}: killed with newest checkpoints {resumed_from}"
