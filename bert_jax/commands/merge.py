@@ -3,10 +3,13 @@ parameters, written as a checkpoint (the library: bert_jax.io.merge).
 
   python -m bert_jax.merge OUT_DIR CKPT CKPT [CKPT ...] [--weights 1,1,2] [--overwrite]
   python -m bert_jax.merge OUT_DIR WORKDIR --last 4
+  python -m bert_jax.merge OUT_DIR WORKDIR --ema
 
 A CKPT is a workdir, its checkpoints/ folder or a step folder, local or gs://, with
 `@STEP` for a step other than the newest (runs/decay-a@9000). `--last K` takes the K
-newest checkpoints of one workdir (the end of a decay). The output is read by features,
+newest checkpoints of one workdir (the end of a decay). `--ema` takes each checkpoint's
+moving average of the parameters (a run with --config.train.phase_ema) instead of its
+parameters; one CKPT is then enough. The output is read by features,
 probes, fine-tuning and `convert to-hf`; training does not resume from it.
 """
 
@@ -29,6 +32,8 @@ def _parser() -> common.Parser:
   p.add_argument("--weights", default="", help="comma-separated, one per CKPT (default: equal)")
   p.add_argument("--last", type=int, default=0,
                  help="the K newest checkpoints of the one CKPT given")
+  p.add_argument("--ema", action="store_true",
+                 help="each checkpoint's moving average of the parameters (train.phase_ema)")
   p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
   return p
 
@@ -55,8 +60,9 @@ def _main(argv: list[str]) -> None:
       raise ConfigError(f"--weights {args.weights!r}: expected {len(sources)} numbers, one per "
                         "checkpoint, comma-separated")
     sources = [merge_lib.Source(s.path, s.step, w) for s, w in zip(sources, weights)]
-  meta = merge_lib.merge(sources, args.out_dir, overwrite=args.overwrite)
-  print(f"merged {len(sources)} checkpoints -> {args.out_dir} (step {meta['step']})")
+  meta = merge_lib.merge(sources, args.out_dir, overwrite=args.overwrite, ema=args.ema)
+  what = "moving averages of " if args.ema else ""
+  print(f"merged the {what}{len(sources)} checkpoint(s) -> {args.out_dir} (step {meta['step']})")
   for m in meta["merged_from"]:
     print(f"  {m['checkpoint']} step {m['step']}: weight {m['weight']:.4g}")
 

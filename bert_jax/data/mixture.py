@@ -52,13 +52,15 @@ def row_shares(shares: np.ndarray, mean_tokens: Sequence[float]) -> np.ndarray:
 
 def block_counts(q: np.ndarray) -> np.ndarray:
   """Rows of each source per block: K = sum, the largest-remainder rounding of q*K with
-  every source at least 1; K grows (up to MAX_BLOCK) so the smallest has rows to spare."""
-  smallest = float(np.min(q))
+  every source at least 1; K grows (up to MAX_BLOCK) so the smallest has rows to spare.
+  A source of share 0 (a phase that does not draw it) gets none."""
+  q = np.asarray(q, np.float64)
+  smallest = float(np.min(q[q > 0]))
   k = int(min(MAX_BLOCK, max(MIN_BLOCK, np.ceil(_ROWS_PER_SMALLEST / smallest))))
   exact = q * k
-  counts = np.maximum(np.floor(exact).astype(np.int64), 1)
+  counts = np.where(q > 0, np.maximum(np.floor(exact).astype(np.int64), 1), 0)
   left = k - int(counts.sum())
-  order = np.argsort(-(exact - np.floor(exact)), kind="stable")
+  order = [i for i in np.argsort(-(exact - np.floor(exact)), kind="stable") if q[i] > 0]
   for i in order[:max(left, 0)]:
     counts[i] += 1
   while counts.sum() > k:  # the minimum of 1 overshot: take from the largest

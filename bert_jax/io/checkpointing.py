@@ -213,6 +213,41 @@ def restore_params(path: str, step: Optional[int] = None,
     mngr.close()
 
 
+def restore_ema(path: str, step: Optional[int] = None,
+                sharding: Optional[jax.sharding.Sharding] = None) -> tuple[Any, dict]:
+  """The moving average of the parameters (`config.train.phase_ema`) that a training
+  checkpoint's optimizer state holds, shaped as its params, and its meta (with
+  RESTORED_STEP); the newest step unless one is given. A checkpoint without one (a run
+  with no phase_ema, an import, a merge) is a one-line CheckpointError."""
+  root, step_in_path = _checkpoint_root(path)
+  mngr = ocp.CheckpointManager(root, item_handlers=_handlers(root))
+  try:
+    steps = sorted(mngr.all_steps())
+    step = step if step is not None else step_in_path if step_in_path is not None else (
+        steps[-1] if steps else None)
+    if step is None or step not in steps:
+      raise CheckpointError(f"checkpoint {root}: no step {'' if step is None else step} "
+                            f"found (have {steps}); expected a step of a training run")
+    try:
+      tree = getattr(mngr.item_metadata(step)["opt_state"], "tree", None)
+    except KeyError:  # an import or a merge: no optimizer state at all
+      tree = None
+    inner = (((tree or {}).get("opt_state") or {}).get("inner") or [None])[-1]
+    if not isinstance(inner, dict) or "ema" not in inner:
+      raise CheckpointError(f"checkpoint {root}/{step}: no moving average of the parameters "
+                            "in its optimizer state; expected a step of a run with "
+                            "--config.train.phase_ema")
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
+                            tree, is_leaf=lambda m: hasattr(m, "shape"))
+    out = mngr.restore(step, args=ocp.args.Composite(
+        opt_state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    return out["opt_state"]["opt_state"]["inner"][-1]["ema"], {**out["meta"],
+                                                               RESTORED_STEP: step}
+  finally:
+    mngr.close()
+
+
 def _restore_newest_complete(mngr: ocp.CheckpointManager, root: str, steps: list[int],
                              sharding: jax.sharding.Sharding) -> tuple[Any, dict]:
   """The newest step that restores, skipping damaged ones with one warning line."""

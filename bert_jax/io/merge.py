@@ -8,7 +8,9 @@ optimizer state (as an import): it is read, not resumed. Its meta is the newest
 source's, with `merged_from` listing every source, its step and its weight.
 
 mmBERT merges the ends of several decay runs from one parent; the last checkpoints of
-one decay (`last`) is the other common use (model soups, checkpoint averaging).
+one decay (`last`) is the other common use (model soups, checkpoint averaging). With
+`ema`, each source gives the moving average of its parameters that its run kept
+(`config.train.phase_ema`) instead of its parameters, and one source is enough.
 """
 
 from __future__ import annotations
@@ -59,10 +61,14 @@ def last_steps(path: str, k: int) -> list[Source]:
   return [Source(path, s) for s in steps[-k:]]
 
 
-def merge(sources: Sequence[Source], out_dir: str, overwrite: bool = False) -> dict:
-  """Writes the weighted mean of `sources`' parameters to `out_dir`; returns its meta."""
-  if len(sources) < 2:
-    raise CheckpointError(f"merge: {len(sources)} checkpoint(s); expected 2 or more")
+def merge(sources: Sequence[Source], out_dir: str, overwrite: bool = False,
+          ema: bool = False) -> dict:
+  """Writes the weighted mean of `sources`' parameters (or, with `ema`, of their moving
+  averages) to `out_dir`; returns its meta."""
+  if len(sources) < (1 if ema else 2):
+    raise CheckpointError(f"merge: {len(sources)} checkpoint(s); expected "
+                          + ("1 or more with --ema" if ema else "2 or more"))
+  restore = checkpointing.restore_ema if ema else checkpointing.restore_params
   weights = np.asarray([s.weight for s in sources], np.float64)
   if not np.all(np.isfinite(weights)) or np.any(weights <= 0):
     raise CheckpointError(f"merge: weights {weights.tolist()}; expected positive numbers")
@@ -70,7 +76,7 @@ def merge(sources: Sequence[Source], out_dir: str, overwrite: bool = False) -> d
   check_apart("OUT_DIR", out_dir, reads)  # before anything is read
   total, first_meta, metas = None, None, []
   for source, w in zip(sources, weights):
-    params, meta = checkpointing.restore_params(source.path, step=source.step)
+    params, meta = restore(source.path, step=source.step)
     _check_same(first_meta, meta, source, sources[0])
     first_meta = first_meta or meta
     host = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params)
@@ -89,7 +95,8 @@ def merge(sources: Sequence[Source], out_dir: str, overwrite: bool = False) -> d
   step = int(newest[1].get(checkpointing.RESTORED_STEP, meta.get("step", 0)) or 0)
   meta.update(step=step, merged_from=[
       {"checkpoint": fs.abspath(s.path),
-       "step": int(m.get(checkpointing.RESTORED_STEP, m.get("step", 0)) or 0), "weight": w}
+       "step": int(m.get(checkpointing.RESTORED_STEP, m.get("step", 0)) or 0), "weight": w,
+       **({"ema": True} if ema else {})}
       for s, m, w, _ in metas])
   with atomic_output_dir(out_dir, overwrite, reads) as tmp:
     checkpointing.save_params(tmp, step, merged, meta)

@@ -129,6 +129,12 @@ def _with_phases(c: ml_collections.ConfigDict, train: TrainSettings,
     given = tuple(c.data.get(name, ()))
     if given and len(given) != len(train.phases):
       raise fail(f"data.{name}", given, f"() or {len(train.phases)} entries, one per phase")
+  if optimizer.phase_ema:
+    if len(optimizer.phase_ema) != len(train.phases):
+      raise fail("train.phase_ema", tuple(optimizer.phase_ema),
+                 f"() or {len(train.phases)} decays, one per phase")
+    optimizer = dataclasses.replace(optimizer, ema_spans=tuple(
+        (p.start, p.end, float(d)) for p, d in zip(train.phases, optimizer.phase_ema)))
   if optimizer.schedule != "phases":
     return optimizer
   return dataclasses.replace(optimizer, phase_bounds=tuple((p.start, p.end)

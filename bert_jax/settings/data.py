@@ -159,14 +159,16 @@ class DataSettings:
     if (self.phase_weights or self.phase_temperatures) and not mixture:
       raise fail("data.phase_weights", tuple(self.phase_weights), "() without "
                  "--config.data.sources (they weigh a mixture's sources in each phase)")
-    positive = lambda w: (isinstance(w, (int, float)) and not isinstance(w, bool)
-                          and 0 < w < float("inf"))
+    # A weight may be 0: the source is not drawn in that phase (mmBERT adds languages in
+    # later stages); every phase draws from at least one.
+    weight = lambda w: (isinstance(w, (int, float)) and not isinstance(w, bool)
+                        and 0 <= w < float("inf"))
     for weights in self.phase_weights:
       if not isinstance(weights, (tuple, list)) or len(weights) != len(mixture) or not all(
-          positive(w) for w in weights):
+          weight(w) for w in weights) or not any(w > 0 for w in weights):
         raise fail("data.phase_weights", tuple(self.phase_weights), f"one tuple per phase of "
-                   f"{len(mixture)} positive weights, one per source in order, e.g. "
-                   f"'((0.7, 0.3), (0.5, 0.5))'")
+                   f"{len(mixture)} weights >= 0 (at least one positive), one per source in "
+                   "order, e.g. '((0.7, 0.3, 0), (0.5, 0.3, 0.2))'")
     for t in self.phase_temperatures:
       if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1:
         raise fail("data.phase_temperatures", tuple(self.phase_temperatures),

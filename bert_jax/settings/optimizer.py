@@ -63,6 +63,10 @@ class OptimizerSettings:
   min_lr_ratio: float = 0.0  # cosine, wsd: where the decay ends, as a share of the peak
   phase_lr: tuple = ()  # 'phases': one segment per phase (parse_segment)
   phase_bounds: tuple = ()  # 'phases': (start, end) of each phase, set with the phases
+  # The decay of a moving average of the parameters kept in each phase (0: none there);
+  # () = none. ema_spans: (start, end, decay) of each phase, set with the phases.
+  phase_ema: tuple = ()
+  ema_spans: tuple = ()
 
   def __post_init__(self):
     if self.optimizer not in OPTIMIZERS:
@@ -81,6 +85,10 @@ class OptimizerSettings:
       raise fail("train.eps", self.eps, "a finite number > 0")
     if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
       raise fail("train.weight_decay", self.weight_decay, "a finite number >= 0")
+    for d in self.phase_ema:
+      if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 <= d < 1.0:
+        raise fail("train.phase_ema", tuple(self.phase_ema), "() or one decay per phase, "
+                   "0 <= decay < 1 (0: no average in that phase), e.g. '(0, 0, 0.999)'")
     if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0):
       raise fail("train.max_grad_norm", self.max_grad_norm,
                   "a finite number >= 0 (0 = no clipping)")

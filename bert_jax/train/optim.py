@@ -67,11 +67,49 @@ class SkipNonFiniteState(NamedTuple):
   inner: Any
 
 
+class ParamEmaState(NamedTuple):
+  count: jax.Array  # int32: the steps applied, as the schedule counts them
+  ema: Any  # float32, shaped as the parameters
+
+
+def param_ema(spans: tuple) -> optax.GradientTransformation:
+  """Last in the chain: an exponential moving average of the parameters after each
+  step (params + the final updates), which it passes on unchanged. `spans` are (start,
+  end, decay) per phase: at a phase's first step the average restarts at the new
+  parameters; inside it, ema = decay * ema + (1 - decay) * params (decay 0: the
+  parameters, to float32 rounding: the compiled step may round params + updates apart
+  from its own update). Its state is checkpointed with the optimizer's, so a resume
+  continues it bit for bit."""
+  starts = jnp.asarray([s for s, _, _ in spans], jnp.int32)
+  decays = jnp.asarray([d for _, _, d in spans], jnp.float32)
+
+  def init(params):
+    return ParamEmaState(jnp.zeros([], jnp.int32),
+                         jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params))
+
+  def update(updates, state, params=None):
+    phase = jnp.clip(jnp.sum(state.count >= starts) - 1, 0, len(spans) - 1)
+    decay = jnp.where(state.count == starts[phase], 0.0, decays[phase])
+    ema = jax.tree.map(lambda e, p, u: decay * e + (1.0 - decay) * (
+        p.astype(jnp.float32) + u.astype(jnp.float32)), state.ema, params, updates)
+    return updates, ParamEmaState(state.count + 1, ema)
+
+  return optax.GradientTransformation(init, update)
+
+
 def reset_moments(state: SkipNonFiniteState, fresh: SkipNonFiniteState) -> SkipNonFiniteState:
-  """`state` with every part of its chain taken from `fresh` (a new `init`) but the last,
-  the learning-rate schedule's count: Adam's moments and their bias-correction count
-  start afresh; the schedule and the counts of skipped steps go on."""
-  return state._replace(inner=(*fresh.inner[:-1], state.inner[-1]))
+  """`state` with every part of its chain taken from `fresh` (a new `init`) but the
+  learning-rate schedule's count and the parameters' average (the last one or two):
+  Adam's moments and their bias-correction count start afresh; the schedule, the
+  average and the counts of skipped steps go on."""
+  keep = 2 if isinstance(state.inner[-1], ParamEmaState) else 1
+  return state._replace(inner=(*fresh.inner[:-keep], *state.inner[-keep:]))
+
+
+def ema_of(state: Any) -> Any:
+  """The parameters' moving average in an optimizer state (train.phase_ema), else None."""
+  inner = getattr(state, "inner", ())
+  return inner[-1].ema if inner and isinstance(inner[-1], ParamEmaState) else None
 
 
 def skip_nonfinite(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
@@ -125,5 +163,8 @@ def make_optimizer(train: OptimizerSettings) -> tuple[optax.GradientTransformati
   ]
   if train.optimizer == "lamb":  # AdamW's chain stays as it was: its checkpoints still load
     parts.append(optax.scale_by_trust_ratio())  # after the decay, as optax.lamb
-  tx = skip_nonfinite(optax.chain(*parts, optax.scale_by_learning_rate(schedule)))
+  parts.append(optax.scale_by_learning_rate(schedule))
+  if train.ema_spans:  # config.train.phase_ema: last, so it sees the final updates
+    parts.append(param_ema(train.ema_spans))
+  tx = skip_nonfinite(optax.chain(*parts))
   return tx, schedule
