@@ -180,65 +180,9 @@ def test_a_temperature_outside_0_to_1_is_refused(temperature):
 
 
 # --- a run ---
-
-
-@pytest.mark.slow
-def test_a_modernbert_mixture_run_killed_twice_resumes_bit_for_bit_and_reports_its_sources(
-    tmp_path):
-  # configs/modernbert_tiny.py (packing, 30% masking) on a Parquet source and a
-  # .jsonl.zst source, 2 phases (32 and 64 tokens) with weights of their own (70/30, then
-  # 30/70), kill -9 inside each phase: every checkpoint array and train row equals the
-  # straight run's.
-  import json
-  import os
-  import subprocess
-  import sys
-  import soak_kill
-  from corpus_shapes import builtin_texts, write_jsonl, write_parquet
-  texts = builtin_texts()
-  web = write_parquet(str(tmp_path / "web.parquet"), texts[:50], row_group_size=8)
-  code = write_jsonl(str(tmp_path / "code.jsonl"), texts[50:], ".zst")
-  sources = f"('web={web},weight=0.7', 'code={code},weight=0.3')"
-  env = soak_kill.subprocess_env(str(tmp_path / "xla"))
-  config = os.path.join(soak_kill.ROOT, "configs", "modernbert_tiny.py")
-
-  def args(workdir: str, **kw) -> list[str]:
-    fields = {"data.sources": sources, "data.cache_dir": str(tmp_path / "prepared"),
-              "data.dupe_factor": 2, "data.eval_dupe_factor": 1, "data.max_eval_examples": 64,
-              "model.num_layers": 2, "train.batch_size": 16, "train.num_steps": 16,
-              "train.warmup_steps": 2, "train.phase_fractions": (0.5, 0.5),
-              "train.seq_lens": (32, 64), "train.max_predictions": (10, 20), "log_every": 1,
-              "checkpoint_every": 4, "eval_every": 1000, "eval_batches": 1,
-              "keep_checkpoints": 1000, "probe.tasks": (), "progress_bar": False,
-              "plot": False, "data.phase_weights": ((0.7, 0.3), (0.3, 0.7)), **kw}
-    return ["--config", config, "--workdir", str(tmp_path / workdir)] + [
-        f"--config.{k}={v}" for k, v in fields.items()]
-
-  straight = soak_kill.run_to_end(args("straight"), env)
-  assert "mixture: tokens drawn this session: web" in straight.stdout
-  start = lambda: subprocess.Popen([sys.executable, f"{soak_kill.ROOT}/train.py",
-                                    *args("killed")], env=env, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-  soak_kill.kill_after_steps(start, str(tmp_path / "killed"), [6, 11])
-  soak_kill.run_to_end(args("killed"), env)
-  assert soak_kill.differences(str(tmp_path / "straight"), str(tmp_path / "killed")) == []
-
-  rows = [r for r in soak_kill.read_metrics(str(tmp_path / "straight"))
-          if r.get("split") == "train"]
-  for phase, asked, steps in ((0, 0.7, range(1, 9)), (1, 0.3, range(9, 17))):
-    mine = [r for r in rows if r["step"] in steps]
-    drawn = np.asarray([[r["tokens_web"], r["tokens_code"]] for r in mine]).sum(0)
-    assert [r["token_share_asked_web"] for r in mine] == pytest.approx([asked] * len(mine))
-    share = drawn[0] / drawn.sum()
-    assert abs(share - asked) <= 4 * np.sqrt(asked * (1 - asked) / (8 * 16)), (phase, share)
-
-  changed = sources.replace("0.7", "0.5")
-  proc = subprocess.run([sys.executable, f"{soak_kill.ROOT}/train.py",
-                         *args("straight", **{"data.sources": changed, "train.num_steps": 20})],
-                        env=env, capture_output=True, text=True, timeout=600)
-  errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
-  assert proc.returncode != 0 and len(errors) == 1 and "sources" in errors[0], proc.stderr[-800:]
-  assert json.loads(open(tmp_path / "straight" / "metrics.jsonl").readlines()[-1])["step"] == 16
+# A ModernBERT mixture with weights per stage, killed inside every stage and at every
+# boundary, its drawn shares, and the refusal of changed sources on extension:
+# tests/test_stages.py.
 
 
 def test_a_phase_s_weights_may_change_on_resume_before_it_starts_but_not_inside_it(tmp_path):

@@ -1,18 +1,15 @@
 """Issue 57: each phase trains at its own global batch (`train.phase_batch_sizes`), its own
 budget (`train.phase_steps`, `train.phase_tokens`), and may start with fresh Adam moments
-(`train.phase_reset_optimizer`); a stage appended to a finished run trains on as if it
-had been there. The kill loop across a batch change is tests/test_stages.py's."""
+(`train.phase_reset_optimizer`): the settings. The runs (a batch change, a reset, an
+appended stage, each killed at every boundary) are tests/test_stages.py's."""
 
 
 import pytest
 
-import soak_kill
 import tiny_run
 from bert_jax import settings
 from bert_jax.errors import ConfigError
 
-STEPS = 16  # 2 phases of 8, a checkpoint every 4: inside each phase and at the boundary
-BATCHES = (16, 8)
 
 
 def _phases(**extra):
@@ -84,51 +81,3 @@ def test_reset_flags_are_one_per_phase():
   assert [p.reset_optimizer for p in t.phases] == [False, True]
   with pytest.raises(ConfigError, match="--config.train.phase_reset_optimizer="):
     _phases(**{"train.phase_reset_optimizer": (True,)})
-
-
-@pytest.mark.slow
-def test_a_phase_that_resets_adams_moments_resumes_exactly_at_its_boundary(tmp_path,
-                                                                          killed_run):
-  """Phase 1 starts with fresh moments: Adam's count in the last checkpoint is phase 1's
-  steps while the schedule's is the run's; killed just after the boundary's checkpoint
-  (the state before the reset), the run resets again on resume and ends bit for bit."""
-  env = soak_kill.subprocess_env(str(tmp_path / "xla"))
-  args = lambda w: soak_kill.tiny_args(  # noqa: E731
-      w, str(tmp_path / "prepared"), STEPS, phases=2, keep_checkpoints=soak_kill.KEEP_ALL,
-      **{"train.phase_reset_optimizer": (False, True)})
-  reference = str(tmp_path / "reference")
-  soak_kill.run_to_end(args(reference), env)
-  last = soak_kill.checkpoint_arrays(reference)[STEPS]
-  counts = {k: int(v) for k, v in last.items() if k.startswith("opt_state") and
-            k.endswith("['count']")}
-  assert sorted(counts.values()) == [8, 16], counts  # Adam's (phase 1's steps), the schedule's
-  workdir = str(tmp_path / "killed")
-  _, seed = killed_run(args(workdir), env, workdir, (8,))
-  soak_kill.run_to_end(args(workdir), env)
-  assert soak_kill.differences(reference, workdir) == [], f"seed {seed}"
-
-
-@pytest.mark.slow
-def test_a_stage_appended_to_a_finished_run_trains_on_as_if_it_had_been_there(tmp_path):
-  """A finished two-stage run given a third stage resumes at its end and trains the new
-  stage; every checkpoint and row then equals a run that had the three from the start
-  (each stage's own learning-rate segment, data and masking depend on it alone)."""
-  env = soak_kill.subprocess_env(str(tmp_path / "xla"))
-  cache = str(tmp_path / "prepared")
-  three = {"train.phase_steps": (8, 8, 8), "train.schedule": "phases",
-           "train.phase_lr": ("constant", "constant@5e-4", "sqrt->0.01"),
-           "train.phase_mask_probs": (0.15, 0.15, 0.1)}
-  two = {"train.phase_fractions": (0.5, 0.5), "train.seq_lens": (16, 24),
-         "train.max_predictions": (3, 4), "train.phase_steps": (8, 8),
-         "train.schedule": "phases", "train.phase_lr": ("constant", "constant@5e-4"),
-         "train.phase_mask_probs": (0.15, 0.15)}
-  straight, appended = str(tmp_path / "straight"), str(tmp_path / "appended")
-  keep = {"keep_checkpoints": soak_kill.KEEP_ALL}
-  soak_kill.run_to_end(soak_kill.tiny_args(straight, cache, 24, phases=3, **keep, **three), env)
-  first = soak_kill.run_to_end(soak_kill.tiny_args(appended, cache, 16, phases=3, **keep, **two),
-                               env)
-  assert "final eval @ step 16" in first.stdout
-  more = soak_kill.run_to_end(soak_kill.tiny_args(appended, cache, 24, phases=3, **keep,
-                                                  **three), env)
-  assert soak_kill.resumed_step(more.stdout) == 16
-  assert soak_kill.differences(straight, appended) == []

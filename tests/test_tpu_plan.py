@@ -60,6 +60,7 @@ def tiny_settings(**overrides):
     ("v5e-16", "v5e:4x4", 16, 16, 4, False),
     ("v5litepod-256", "v5e:16x16", 256, 16, 64, False),
     ("v6e-8", "v6e:2x4", 8, 32, 1, False),
+    ("tpu7x-8", "tpu7x:2x2x1", 8, 96, 1, False),  # 4 chips of 2 devices, 192 GiB each
     ("v3-8", "v3:2x2", 8, 16, 1, False),  # v3 shows each of a chip's two cores as a device
     ("V4:2x2x1", "v4:2x2x1", 4, 32, 1, True),  # libtpu's own form, in chips
 ])

@@ -104,15 +104,6 @@ def test_interrupted_run_resumes_to_identical_parameters(tmp_path, monkeypatch):
     np.testing.assert_array_equal(x, y)
 
 
-def test_two_phase_sequence_length_runs_both_phases(tmp_path):
-  c = _config(steps=8)
-  c.model.max_position_embeddings = 64
-  c.train.phase_fractions, c.train.seq_lens, c.train.max_predictions = (0.5, 0.5), (32, 64), (5, 10)
-  train_and_evaluate(c, str(tmp_path))
-  meta = _params(str(tmp_path))[1]
-  assert meta["phase"] == 1 and meta["step"] == 8
-
-
 def test_resuming_with_another_model_size_is_a_clear_error(tmp_path):
   train_and_evaluate(_config(steps=4), str(tmp_path))
   c = _config(steps=8)

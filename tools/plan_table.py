@@ -51,7 +51,7 @@ MODELS = {"base": ("BERT-Base", "configs/base.py", {}),
           "large": ("BERT-Large", "configs/large.py", {}),
           "modernbert-base": ("ModernBERT-Base", "configs/modernbert_base.py", EXTENDED),
           "modernbert-large": ("ModernBERT-Large", "configs/modernbert_large.py", EXTENDED)}
-TOPOLOGIES = ("v4-8", "v5e-8", "v5p-8", "v6e-8")
+TOPOLOGIES = ("v4-8", "v5e-8", "v5p-8", "v6e-8", "tpu7x-8")  # tpu7x: libtpu 0.0.50+
 GIB = 1024**3
 # libtpu's compile: one compile thread keeps the peak host memory of a big step down.
 LIBTPU_ARGS = "--xla_tpu_impure_hlo_parallel_compile=false"
@@ -199,17 +199,24 @@ def row_text(r: dict) -> str:
 
 
 def write_table(path: str, rows: dict) -> None:
-  # ModernBERT's rows are the issue's v5e, v5p and v6e slices (no v4).
+  # ModernBERT's rows are the issue's v5e, v5p and v6e slices (no v4); TPU7x's are
+  # BERT-Base's and ModernBERT's (issue 54).
   order = [(m, t, ph) for m in MODELS for ph in (0, 1) for t in TOPOLOGIES
-           if not (m.startswith("modernbert") and t == "v4-8")]
+           if not (m.startswith("modernbert") and t == "v4-8")
+           and not (m == "large" and t == "tpu7x-8")]
   keyed = {(r["model"], r["slice"], r["phase"]): r for r in rows.values()}
   done = [keyed[k] for k in order if k in keyed]
-  v = next((r["versions"] for r in done if "versions" in r), {})
+  by_version: dict = {}  # (jax, libtpu) -> the slices compiled with them
+  for r in done:
+    v = r.get("versions", {})
+    by_version.setdefault((v.get("jax", "?"), v.get("libtpu", "-")), []).append(r["slice"])
+  versions = "; ".join(f"jax {j}, libtpu {t}" + (
+      f" ({', '.join(dict.fromkeys(sl))})" if len(by_version) > 1 else "")
+      for (j, t), sl in by_version.items())
   date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
   seconds = sum(r["wall_seconds"] for r in done)
   missing = len(order) - len(done)
-  text = (f"Generated {date} by `python tools/plan_table.py` (jax {v.get('jax', '?')}, libtpu "
-          f"{v.get('libtpu', '-')}) on this host (2-core AMD EPYC, 24 GiB RAM, shared with "
+  text = (f"Generated {date} by `python tools/plan_table.py` ({versions}) on this host (2-core AMD EPYC, 24 GiB RAM, shared with "
           f"other jobs), {seconds:.0f} s "
           f"of compiling, each row in a process of its own."
           + (f" Missing: {missing} of {len(order)} rows." if missing else "")

@@ -53,6 +53,9 @@ GENERATIONS = {g.name: g for g in (
     Generation("v5e", "v5e", 2, "chips", 1, False, 16, 8),
     Generation("v5p", "v5", 3, "cores", 2, True, 95, 4),
     Generation("v6e", "v6e", 2, "chips", 1, False, 32, 8),
+    # Ironwood: two TensorCores per chip, each its own JAX device (libtpu 0.0.50's
+    # 'tpu7x:2x2x1' has 8 devices for 4 chips), 192 GiB of HBM per chip, a 3-D torus.
+    Generation("tpu7x", "tpu7x", 3, "cores", 2, False, 192, 4),
 )}
 # Other names of a generation (Cloud TPU's API calls v5e 'v5litepod').
 ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6litepod": "v6e", "v5": "v5p"}
@@ -60,7 +63,7 @@ ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6litepod": "v6e", "v5": "v5p"}
 _HBM_BY_KIND = (("TPU v6", 32), ("TPU v5 lite", 16), ("TPU v5e", 16), ("TPU v5", 95),
                 ("TPU v4", 32), ("TPU v3", 32), ("TPU v2", 16))  # GiB per chip
 
-EXAMPLES = "v4-8, v4-32, v5e-8 (or v5litepod-8), v5e-16, v5p-8, v6e-8, or v4:2x2x1"
+EXAMPLES = "v4-8, v4-32, v5e-8 (or v5litepod-8), v5e-16, v5p-8, v6e-8, tpu7x-8, or v4:2x2x1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +157,8 @@ def parse(name: str) -> Topology:
   text = name.strip().lower()
   unknown = TopologyError(f"--topology {name!r}: unknown TPU slice; expected a name such as "
                           f"{EXAMPLES}")
-  m = re.fullmatch(r"(v\d+[a-z]*)-(\d+)", text) or re.fullmatch(r"(v\d+[a-z]*):(\d+(?:x\d+)+)",
-                                                                 text)
+  gen = r"(v\d+[a-z]*|tpu\d+[a-z]*)"  # v4, v5e, v6e; tpu7x
+  m = re.fullmatch(gen + r"-(\d+)", text) or re.fullmatch(gen + r":(\d+(?:x\d+)+)", text)
   if not m:
     raise unknown
   gen_name = ALIASES.get(m.group(1), m.group(1))

@@ -78,10 +78,12 @@ def _blob(path: str):
 
 
 def _call(path: str, fn):
-  """A lock request with fs's bounded retries (a lease must not hang on a dead server);
-  a failed precondition or a missing object is the caller's to handle."""
-  from google.api_core import exceptions, retry as api_retry
-  return fs.retrying(path, "lock", lambda: fn(api_retry.Retry(timeout=10)),
+  """A lock request with fs's bounded retries, the one retry policy of every bucket
+  request (a lease must not hang on a dead server): the client library's own retry is
+  off (`fn(None)` passes retry=None), so the two never multiply. A failed precondition
+  or a missing object is the caller's to handle."""
+  from google.api_core import exceptions
+  return fs.retrying(path, "lock", lambda: fn(None),
                      passthrough=(exceptions.PreconditionFailed, exceptions.NotFound))
 
 
