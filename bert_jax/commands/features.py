@@ -30,7 +30,7 @@ import numpy as np
 
 from bert_jax.commands import common
 from bert_jax.storage import fs, outputs
-from bert_jax.storage.workdir import Workdir
+from bert_jax.storage.workdir import opened
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.features.extract import DTYPES, POOLINGS, Extractor, Features
 from bert_jax.data.tokenizer import CLS, SEP
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> Features:
   texts = read_inputs(args.input)
   # A file over its input, or among the checkpoints it reads, would change what is read
   # (beside them in a workdir is fine: the workdir is not read).
-  ckpts = Workdir(args.checkpoint).checkpoints
+  ckpts = opened(args.checkpoint).checkpoints
   outputs.check_apart("--output", args.output, (
       ("--checkpoint", ckpts if fs.isdir(ckpts) else args.checkpoint), ("--input", args.input)))
   ex = Extractor.from_checkpoint(args.checkpoint, step=args.step, dtype=args.dtype,

@@ -447,4 +447,4 @@ class FineTuner:
                                      (("--checkpoint", self.meta.get("checkpoint", "")),)) as tmp:
         checkpointing.save_params(tmp, meta["step"], self.best_params, meta,
                                   this_process_only=True)
-    return fs.join(workdir.Workdir(fs.abspath(directory)).checkpoints, str(meta["step"]))
+    return fs.join(workdir.opened(fs.abspath(directory)).checkpoints, str(meta["step"]))

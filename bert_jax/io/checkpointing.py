@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 from bert_jax.errors import CheckpointError
 from bert_jax.io import orbax_private
 from bert_jax.storage import fs
-from bert_jax.storage.workdir import Workdir
+from bert_jax.storage.workdir import opened
 
 ITEMS = ("params", "opt_state", "meta")
 RESTORED_STEP = "restored_step"  # added to the meta restore_params returns
@@ -152,8 +152,8 @@ def _checkpoint_root(path: str) -> tuple[str, Optional[int]]:
   if not fs.isdir(path):
     raise CheckpointError(f"checkpoint {path}: no such directory; expected a workdir, its "
                           "checkpoints/ folder or a step folder")
-  if fs.isdir(Workdir(path).checkpoints):
-    return Workdir(path).checkpoints, None
+  if fs.isdir(opened(path).checkpoints):
+    return opened(path).checkpoints, None
   if fs.isdir(fs.join(path, "params")) and fs.basename(path).isdigit():
     return fs.parent(path), int(fs.basename(path))
   return path, None
@@ -404,7 +404,7 @@ def save_params(directory: str, step: int, params: Any, meta: dict,
   this process alone, with no barrier with the others (a multi-process
   fine-tuning's process 0). Returns the step folder.
   """
-  root = Workdir(fs.abspath(directory)).checkpoints
+  root = opened(fs.abspath(directory)).checkpoints
   me = jax.process_index()
   alone = (ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
            if this_process_only and jax.process_count() > 1

@@ -32,7 +32,7 @@ from safetensors.numpy import save_file
 from bert_jax.io import checkpointing, hf_families
 from bert_jax.storage import fs
 from bert_jax.storage.outputs import atomic_output_dir, check_apart
-from bert_jax.storage.workdir import Workdir
+from bert_jax.storage.workdir import opened
 from bert_jax.io.hf_weights import (ConvertError, ImportReport, bert_config_from_hf,
                                  hf_state_to_params, tf_to_hf)
 from bert_jax.io.sources import (check_dir, load_hf_weights, load_tf_checkpoint, read_json,
@@ -47,7 +47,7 @@ def _save_imported(out_dir: str, overwrite: bool, params: dict, meta: dict,
                    source: str) -> str:
   with atomic_output_dir(out_dir, overwrite, reads=(("the source", source),)) as tmp:
     checkpointing.save_params(tmp, 0, params, meta)
-  return fs.join(Workdir(fs.abspath(out_dir)).checkpoints, "0")
+  return fs.join(opened(fs.abspath(out_dir)).checkpoints, "0")
 
 
 # ----------------------------------------------------------------------------

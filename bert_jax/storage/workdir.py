@@ -121,5 +121,6 @@ class Workdir:
 
 
 def opened(workdir: Union[Workdir, str]) -> Workdir:
-  """The run's Workdir as given; a path (a test's, a tool's) as its Workdir."""
+  """The run's Workdir as given; a path (a user's, a test's, a tool's) as its Workdir: the
+  one way in from a string outside storage/ and the trainer (an architecture test)."""
   return workdir if isinstance(workdir, Workdir) else Workdir(workdir)
