@@ -63,6 +63,7 @@ def saved_phases(train: dict):
                       batches)
   return phases(train["phase_fractions"], seq_lens, train["max_predictions"],
                 sum(steps) if steps else train["num_steps"], 1 << 30,
+                rope_thetas=train.get("phase_rope_thetas", ()),
                 mask_probs=train.get("phase_mask_probs", ()),
                 batch_sizes=tuple(train.get("phase_batch_sizes", ())),
                 batch_size=train.get("batch_size", 0), steps=steps)

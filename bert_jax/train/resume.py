@@ -136,6 +136,42 @@ def check_same_phase(saved: Any, step: Any, s: Settings, workdir: Workdir) -> No
         "(a later phase may change), or another --workdir; nothing was written")
 
 
+def check_finished_phases(saved: Any, step: Any, s: Settings, workdir: Workdir) -> None:
+  """The phases a run has finished keep their definition on resume: their steps, length,
+  predictions, batch, masking, RoPE base and learning-rate segment (they trained so, and
+  a later segment starts from where theirs ended). The run's last phase may grow past
+  its end (a finished run extended, as a WSD run from its stable phase); a new phase
+  may be appended."""
+  try:
+    theirs = saved_phases(saved)
+    segments = tuple(saved.get("phase_lr", ()) or ())
+  except (KeyError, TypeError, ValueError, ConfigError, AttributeError):  # an older meta
+    return
+  ours = s.train.phases
+  for old in (p for p in theirs if isinstance(step, int) and p.end <= step):
+    new = ours[old.index] if old.index < len(ours) else None
+    grows = old.index == len(theirs) - 1 and new is not None and new.end >= old.end
+    field = ("train.seq_lens" if new is None else
+             "train.phase_fractions / phase_steps / phase_tokens / num_steps"
+             if new.start != old.start or (new.end != old.end and not grows) else
+             "train.seq_lens" if new.seq_len != old.seq_len else
+             "train.max_predictions" if new.max_predictions != old.max_predictions else
+             "train.phase_batch_sizes" if old.batch_size and s.train.batch_of(new) != old.batch_size
+             else "train.phase_mask_probs" if (new.mask_start, new.mask_end) != (
+                 old.mask_start, old.mask_end) else
+             "train.phase_rope_thetas" if new.rope_theta != old.rope_theta else
+             "train.phase_lr" if segments and s.optimizer.phase_lr and (
+                 old.index >= len(s.optimizer.phase_lr)
+                 or s.optimizer.phase_lr[old.index] != segments[old.index]) else None)
+    if field is not None:
+      raise ConfigError(
+          f"--config.{field}: --workdir {workdir} holds a run at step {step} that finished "
+          f"its phase {old.index} (steps {old.start}..{old.end} at length {old.seq_len}); "
+          "this config defines that phase otherwise; expected the finished phases as they "
+          "were (a phase not started yet may change, and one may be appended), or another "
+          "--workdir; nothing was written")
+
+
 def check_same_phase_mixture(saved_data: dict, saved_train: Any, step: Any, s: Settings,
                              workdir: Workdir) -> None:
   """A mixture's weights and temperature per phase may change on resume for the phases
@@ -181,6 +217,7 @@ def check_same_data(s: Settings, workdir: Workdir) -> None:
   if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
     check_same_recipe(meta["config"], json.loads(s.config_json), checkpoint_dir(workdir))
     check_same_phase(meta["config"].get("train"), meta.get("step"), s, workdir)
+    check_finished_phases(meta["config"].get("train"), meta.get("step"), s, workdir)
   saved = ((meta or {}).get("config") or {}).get("data")
   if not isinstance(saved, dict):
     return  # no checkpoint (or one of an older version): nothing to compare
