@@ -616,7 +616,8 @@ def test_a_mixture_of_bucket_shards_trains_with_its_prepared_data_in_the_bucket(
   # A new disk: no mirror, no local copy; the run goes on to 12 steps from the bucket's data.
   shutil.rmtree(tmp_path / "mirror")
   shutil.rmtree(tmp_path / "local")
+  # Phase 0 stays steps 0..4 (a finished phase keeps its definition); phase 1 grows.
   again = soak_kill.run_to_end(_gcs_args(str(tmp_path / "run"), "gs://bkt/mixprep", 12, **{
-      "data.corpus": "builtin", "data.sources": sources}), env)
+      "data.corpus": "builtin", "data.sources": sources, "train.phase_steps": (4, 8)}), env)
   assert "resumed from" in again.stdout and "Preparing" not in again.stdout, again.stdout[-2000:]
   assert "training a" not in again.stdout  # the vocabulary came from the bucket
