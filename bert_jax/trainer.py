@@ -110,8 +110,7 @@ def _run(s: Settings, workdir: Workdir, mesh, source=None, probe_tasks=(),
     if (done := _stored_final_eval(s, state.step, reporter)) is not None:
       console.log(f"run already complete at step {state.step}: "
                   f"{describe_eval(done) if done else 'see process 0'} "
-                  f"(stored in {reporter.history_path}; raise --config.train.num_steps to "
-                  "train on); nothing written")
+                  f"(stored in {reporter.history_path}; {_train_on(s)}); nothing written")
       ckpts.close()
       return done
     reporter.truncate(-1 if fresh_source else state.step)  # records of steps this run will redo
@@ -146,6 +145,15 @@ def _run(s: Settings, workdir: Workdir, mesh, source=None, probe_tasks=(),
   console.log(f"checkpoints: {checkpoint_dir(workdir)}; TensorBoard: "
               f"{workdir.tensorboard}; plot: {plot}")
   return ev
+
+
+def _train_on(s: Settings) -> str:
+  """How to go on from a finished run: its finished phases keep their steps on resume."""
+  if len(s.train.phases) == 1:
+    return "raise --config.train.num_steps to train on"
+  kept = ", ".join(str(p.end - p.start) for p in s.train.phases)
+  return (f"to train on, keep the finished phases' steps: --config.train.phase_steps="
+          f"'({kept})' with its last entry raised, or one more phase appended")
 
 
 def _plot(reporter, s: Settings, step: int) -> str:
