@@ -238,10 +238,9 @@ def restore_ema(path: str, step: Optional[int] = None,
                             "in its optimizer state; expected a step of a run with "
                             "--config.train.phase_ema")
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
-                            tree, is_leaf=lambda m: hasattr(m, "shape"))
     out = mngr.restore(step, args=ocp.args.Composite(
-        opt_state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        opt_state=ocp.args.StandardRestore(_abstract(tree, sharding)),
+        meta=ocp.args.JsonRestore()))
     return out["opt_state"]["opt_state"]["inner"][-1]["ema"], {**out["meta"],
                                                                RESTORED_STEP: step}
   finally:
@@ -370,9 +369,7 @@ def _restore_params_step(mngr: ocp.CheckpointManager, root: str, step: int,
   tree = getattr(tree, "tree", tree)
   if tree is None:
     raise CheckpointError(f"checkpoint {root}/{step}: no readable params item")
-  abstract = jax.tree.map(
-      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
-      tree, is_leaf=lambda m: hasattr(m, "shape"))
+  abstract = _abstract(tree, sharding)
   out = mngr.restore(step, args=ocp.args.Composite(
       params=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
   if not isinstance(out["meta"], dict):
@@ -380,6 +377,12 @@ def _restore_params_step(mngr: ocp.CheckpointManager, root: str, step: int,
                           "not a JSON object")
   # Which step was read (a live workdir moves on; an import's meta has no "step").
   return out["params"], {**out["meta"], RESTORED_STEP: step}
+
+
+def _abstract(tree: Any, sharding: jax.sharding.Sharding) -> Any:
+  """A stored item's metadata tree as arrays to restore onto `sharding`."""
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
+                      tree, is_leaf=lambda m: hasattr(m, "shape"))
 
 
 def _reason(e: BaseException) -> str:

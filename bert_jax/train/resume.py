@@ -151,18 +151,7 @@ def check_finished_phases(saved: Any, step: Any, s: Settings, workdir: Workdir) 
   for old in (p for p in theirs if isinstance(step, int) and p.end <= step):
     new = ours[old.index] if old.index < len(ours) else None
     grows = old.index == len(theirs) - 1 and new is not None and new.end >= old.end
-    field = ("train.seq_lens" if new is None else
-             "train.phase_fractions / phase_steps / phase_tokens / num_steps"
-             if new.start != old.start or (new.end != old.end and not grows) else
-             "train.seq_lens" if new.seq_len != old.seq_len else
-             "train.max_predictions" if new.max_predictions != old.max_predictions else
-             "train.phase_batch_sizes" if old.batch_size and s.train.batch_of(new) != old.batch_size
-             else "train.phase_mask_probs" if (new.mask_start, new.mask_end) != (
-                 old.mask_start, old.mask_end) else
-             "train.phase_rope_thetas" if new.rope_theta != old.rope_theta else
-             "train.phase_lr" if segments and s.optimizer.phase_lr and (
-                 old.index >= len(s.optimizer.phase_lr)
-                 or s.optimizer.phase_lr[old.index] != segments[old.index]) else None)
+    field = "train.seq_lens" if new is None else _changed_field(old, new, grows, s, segments)
     if field is not None:
       raise ConfigError(
           f"--config.{field}: --workdir {workdir} holds a run at step {step} that finished "
@@ -170,6 +159,23 @@ def check_finished_phases(saved: Any, step: Any, s: Settings, workdir: Workdir) 
           "this config defines that phase otherwise; expected the finished phases as they "
           "were (a phase not started yet may change, and one may be appended), or another "
           "--workdir; nothing was written")
+
+
+def _changed_field(old: Phase, new: Phase, grows: bool, s: Settings,
+                   segments: tuple) -> Optional[str]:
+  """The config field that defines finished phase `old` otherwise in `new`, or None."""
+  ours_lr = s.optimizer.phase_lr
+  differs = (
+      ("train.phase_fractions / phase_steps / phase_tokens / num_steps",
+       new.start != old.start or (new.end != old.end and not grows)),
+      ("train.seq_lens", new.seq_len != old.seq_len),
+      ("train.max_predictions", new.max_predictions != old.max_predictions),
+      ("train.phase_batch_sizes", bool(old.batch_size) and s.train.batch_of(new) != old.batch_size),
+      ("train.phase_mask_probs", (new.mask_start, new.mask_end) != (old.mask_start, old.mask_end)),
+      ("train.phase_rope_thetas", new.rope_theta != old.rope_theta),
+      ("train.phase_lr", bool(segments and ours_lr) and (
+          old.index >= len(ours_lr) or ours_lr[old.index] != segments[old.index])))
+  return next((field for field, changed in differs if changed), None)
 
 
 def check_same_phase_mixture(saved_data: dict, saved_train: Any, step: Any, s: Settings,
