@@ -122,10 +122,11 @@ def test_kill_9_inside_every_stage_and_at_every_boundary_resumes_bit_for_bit(run
   assert "inside its phase 2 (global batch 16)" in other.stderr.strip().splitlines()[-1]
   soak_kill.run_to_end(train[2:], env)
   assert soak_kill.differences(reference, workdir) == [], f"seed {seed}"
-  # Extending the finished run with its sources changed is refused in one line, and
-  # nothing is written.
-  changed = [a.replace("weight=0.7", "weight=0.5") for a in train] + [
-      f"--config.train.num_steps={STEPS + 4}"]
+  # Extending the finished run (its last stage grown by 4 steps, the finished stages kept)
+  # with its sources changed is refused in one line, and nothing is written.
+  changed = [a.replace("weight=0.7", "weight=0.5") for a in train
+             if not a.startswith("--config.train.num_steps=")] + [
+                 "--config.train.phase_steps=(8, 8, 12)"]
   refused = subprocess.run(changed, env=env, capture_output=True, text=True, timeout=300)
   errors = [l for l in refused.stderr.splitlines() if l.startswith("error:")]
   assert refused.returncode != 0 and len(errors) == 1 and "sources" in errors[0], \
