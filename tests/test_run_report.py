@@ -57,7 +57,7 @@ def test_flops_formula_is_the_benchmarks():
 
 @pytest.mark.parametrize("kind, peak", [
     ("TPU v4", 275e12), ("TPU v5 lite", 197e12), ("TPU v5e", 197e12), ("TPU v5", 459e12),
-    ("TPU v5p", 459e12), ("TPU v6 lite", 918e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("TPU v5p", 459e12), ("TPU v6 lite", 918e12), ("TPU7x", 1153.5e12), ("NVIDIA A100-SXM4-80GB", 312e12),
     ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989e12),
     ("cpu", None)])
 def test_peak_by_device_kind(kind, peak):

@@ -62,8 +62,10 @@ def modernbert_flops(config, kind: str, batch: int, seq_len: int,
 
 # Dense bfloat16 peak FLOP/s of one JAX device, by `device_kind` (first match wins,
 # so the more specific names come first). TPU v4 and v5p devices are one chip
-# (both TensorCores); v5e and v6e chips have one TensorCore.
+# (both TensorCores); v5e and v6e chips have one TensorCore. A TPU7x (Ironwood) chip's
+# two TensorCores are two devices: half its 2307 TFLOP/s (Cloud TPU's TPU7x page).
 _PEAKS = (
+    ("TPU7x", 2307e12 / 2),
     ("TPU v6 lite", 918e12), ("TPU v6e", 918e12),
     ("TPU v5 lite", 197e12), ("TPU v5e", 197e12),
     ("TPU v5p", 459e12), ("TPU v5", 459e12),
