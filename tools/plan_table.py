@@ -221,7 +221,9 @@ def write_table(path: str, rows: dict) -> None:
           f"of compiling, each row in a process of its own."
           + (f" Missing: {missing} of {len(order)} rows." if missing else "")
           + " The configs as shipped: BERT at global batch 256 (mixed bf16; BERT-Large with "
-          "remat), ModernBERT at its 4608 with its `attention_kernel=auto` (splash on TPU); "
+          "remat), ModernBERT with its `attention_kernel=auto` (splash on TPU) at each "
+          "stage's batch, 4608 rows at 1024 tokens and 576 at 8192 (its rows compiled with "
+          "libtpu 0.0.42.1 are of the earlier two-phase config: 4608 at 8192 too); "
           "memory is the compiler's per-device total (state, batch, temporaries, program). "
           "A step that does not fit is searched as `python -m bert_jax.plan` does: the "
           "largest per-device batch that fits, and each single config change compiled at the "

@@ -6,8 +6,12 @@ not a run).
 - TensorStore's context (its GCS request retries): Orbax builds every TensorStore
   context it opens from two module dicts, and neither `CheckpointManager`,
   `StandardCheckpointHandler` nor `ArrayHandler` takes a context (checked against
-  orbax-checkpoint 0.12.8; only the experimental v1 API passes one through). The
-  entries come from the storage backend of the path (`fs.tensorstore_context`).
+  orbax-checkpoint 0.12.8; only the experimental v1 API passes one through). A
+  jax.Array handler of our own (public: a subclass swapping `ParamInfo.ts_context`)
+  would reach the arrays' reads and writes but not the OCDBT merge at a save's finalize,
+  which builds its context from the same dicts (`merge_ocdbt_per_process_files`): a
+  stalled bucket would then wait out TensorStore's own 32 retries there. The entries
+  come from the storage backend of the path (`fs.tensorstore_context`).
 - The handler of jax.Array: its replica-parallel threshold is an `ArrayHandler`
   argument, but `StandardCheckpointHandler` takes no handler of its own, so the global
   registry is the one place; `ArrayHandler` then needs the metadata store that its
