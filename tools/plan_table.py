@@ -206,13 +206,15 @@ def write_table(path: str, rows: dict) -> None:
            and not (m == "large" and t == "tpu7x-8")]
   keyed = {(r["model"], r["slice"], r["phase"]): r for r in rows.values()}
   done = [keyed[k] for k in order if k in keyed]
-  by_version: dict = {}  # (jax, libtpu) -> the slices compiled with them
+  by_version: dict = {}  # (jax, libtpu) -> {family: the slices compiled with them}
   for r in done:
     v = r.get("versions", {})
-    by_version.setdefault((v.get("jax", "?"), v.get("libtpu", "-")), []).append(r["slice"])
-  versions = "; ".join(f"jax {j}, libtpu {t}" + (
-      f" ({', '.join(dict.fromkeys(sl))})" if len(by_version) > 1 else "")
-      for (j, t), sl in by_version.items())
+    family = "ModernBERT" if r["model"].startswith("modernbert") else "BERT"
+    by_version.setdefault((v.get("jax", "?"), v.get("libtpu", "-")), {}).setdefault(
+        family, []).append(r["slice"])
+  versions = "; ".join(f"jax {j}, libtpu {t}" + (" (" + ", ".join(
+      f"{fam} on {', '.join(dict.fromkeys(sl))}" for fam, sl in fams.items()) + ")"
+      if len(by_version) > 1 else "") for (j, t), fams in by_version.items())
   date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
   seconds = sum(r["wall_seconds"] for r in done)
   missing = len(order) - len(done)
