@@ -177,7 +177,15 @@ def _fix_text(r: dict) -> str:
   return "; ".join(parts)
 
 
-def row_text(r: dict) -> str:
+def shipped_batch(model: str, phase: int) -> int:
+  """The global batch of `phase` in the model's config as shipped today."""
+  from bert_jax import settings as settings_lib
+  train = settings_lib.from_config(load_config(*MODELS[model][1:])).train
+  return train.batch_of(next(p for p in train.phases if p.index == phase))
+
+
+def row_text(r: dict, shipped: int = 0) -> str:
+  """One Markdown row; `shipped` the config's batch now, to mark a row of an earlier one."""
   label = MODELS[r["model"]][0]
   host = f"{r['wall_seconds']:.0f}, {r['peak_rss_bytes'] / GIB:.1f} GiB"
   if "host_failure" in r:
@@ -191,6 +199,9 @@ def row_text(r: dict) -> str:
   else:
     mem = f"? ({st['error'][:80]})"
   fits = "yes" if st["fits"] else "**no**"
+  batch = st["per_device_batch"] * r["devices"]
+  if shipped and batch != shipped:  # compiled before the config's batch changed
+    label += f" (an earlier config: batch {batch}, now {shipped})"
   xla = f"{st['xla_flops'] / 1e12:.2f}" if st["compiled"] else "-"
   return (f"| {label} | {st['seq_len']}, {st['max_predictions']} | {r['slice']} | "
           f"{r['devices']} | {st['per_device_batch']} | {mem} | {fits} | "
@@ -206,6 +217,9 @@ def write_table(path: str, rows: dict) -> None:
            and not (m == "large" and t == "tpu7x-8")]
   keyed = {(r["model"], r["slice"], r["phase"]): r for r in rows.values()}
   done = [keyed[k] for k in order if k in keyed]
+  shipped = {k: shipped_batch(k[0], k[2]) for k in order if k in keyed}
+  earlier = sum(1 for r in done if "step" in r and r["step"]["per_device_batch"] * r["devices"]
+                != shipped[(r["model"], r["slice"], r["phase"])])
   by_version: dict = {}  # (jax, libtpu) -> {family: the slices compiled with them}
   for r in done:
     v = r.get("versions", {})
@@ -224,12 +238,14 @@ def write_table(path: str, rows: dict) -> None:
           + (f" Missing: {missing} of {len(order)} rows." if missing else "")
           + " The configs as shipped: BERT at global batch 256 (mixed bf16; BERT-Large with "
           "remat), ModernBERT with its `attention_kernel=auto` (splash on TPU) at each "
-          "stage's batch, 4608 rows at 1024 tokens and 576 at 8192 (its rows compiled with "
-          "libtpu 0.0.42.1 are of the earlier two-phase config: 4608 at 8192 too); "
+          "stage's batch, 4608 rows at 1024 tokens and 576 at 8192"
+          + (f" ({earlier} rows, marked, were compiled at an earlier config's batch)"
+             if earlier else "") + "; "
           "memory is the compiler's per-device total (state, batch, temporaries, program). "
           "A step that does not fit is searched as `python -m bert_jax.plan` does: the "
           "largest per-device batch that fits, and each single config change compiled at the "
-          "requested batch.\n\n" + HEADER + "\n" + "\n".join(row_text(r) for r in done) + "\n")
+          "requested batch.\n\n" + HEADER + "\n" + "\n".join(
+              row_text(r, shipped[(r["model"], r["slice"], r["phase"])]) for r in done) + "\n")
   _atomic_write(path, text)
 
 
