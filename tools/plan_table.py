@@ -184,6 +184,10 @@ def shipped_batch(model: str, phase: int) -> int:
   return train.batch_of(next(p for p in train.phases if p.index == phase))
 
 
+def global_batch(r: dict) -> int:
+  return r["step"]["per_device_batch"] * r["devices"]
+
+
 def row_text(r: dict, shipped: int = 0) -> str:
   """One Markdown row; `shipped` the config's batch now, to mark a row of an earlier one."""
   label = MODELS[r["model"]][0]
@@ -199,9 +203,8 @@ def row_text(r: dict, shipped: int = 0) -> str:
   else:
     mem = f"? ({st['error'][:80]})"
   fits = "yes" if st["fits"] else "**no**"
-  batch = st["per_device_batch"] * r["devices"]
-  if shipped and batch != shipped:  # compiled before the config's batch changed
-    label += f" (an earlier config: batch {batch}, now {shipped})"
+  if shipped and global_batch(r) != shipped:  # compiled before the config's batch changed
+    label += f" (an earlier config: batch {global_batch(r)}, now {shipped})"
   xla = f"{st['xla_flops'] / 1e12:.2f}" if st["compiled"] else "-"
   return (f"| {label} | {st['seq_len']}, {st['max_predictions']} | {r['slice']} | "
           f"{r['devices']} | {st['per_device_batch']} | {mem} | {fits} | "
@@ -217,9 +220,10 @@ def write_table(path: str, rows: dict) -> None:
            and not (m == "large" and t == "tpu7x-8")]
   keyed = {(r["model"], r["slice"], r["phase"]): r for r in rows.values()}
   done = [keyed[k] for k in order if k in keyed]
-  shipped = {k: shipped_batch(k[0], k[2]) for k in order if k in keyed}
-  earlier = sum(1 for r in done if "step" in r and r["step"]["per_device_batch"] * r["devices"]
-                != shipped[(r["model"], r["slice"], r["phase"])])
+  shipped = {(r["model"], r["phase"]): 0 for r in done}  # one config load per model, phase
+  shipped = {k: shipped_batch(*k) for k in shipped}
+  earlier = sum(1 for r in done
+                if "step" in r and global_batch(r) != shipped[(r["model"], r["phase"])])
   by_version: dict = {}  # (jax, libtpu) -> {family: the slices compiled with them}
   for r in done:
     v = r.get("versions", {})
@@ -245,7 +249,7 @@ def write_table(path: str, rows: dict) -> None:
           "A step that does not fit is searched as `python -m bert_jax.plan` does: the "
           "largest per-device batch that fits, and each single config change compiled at the "
           "requested batch.\n\n" + HEADER + "\n" + "\n".join(
-              row_text(r, shipped[(r["model"], r["slice"], r["phase"])]) for r in done) + "\n")
+              row_text(r, shipped[(r["model"], r["phase"])]) for r in done) + "\n")
   _atomic_write(path, text)
 
 
